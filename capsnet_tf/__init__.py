@@ -1,0 +1,38 @@
+"""capsnet_tf: Capsule Networks (Sabour, Frosst & Hinton, 2017) in TensorFlow 2 / Keras 3.
+
+Reference:
+    Sabour, Frosst & Hinton, "Dynamic Routing Between Capsules", NIPS 2017,
+    arXiv:1710.09829.
+"""
+
+from capsnet_tf.layers import CapsuleLayer, Length, Mask, PrimaryCapsule, dynamic_routing
+from capsnet_tf.losses import (
+    RECONSTRUCTION_WEIGHT,
+    MarginLoss,
+    ReconstructionLoss,
+    margin_loss,
+    reconstruction_loss,
+)
+from capsnet_tf.models import PRESETS, CapsNet
+from capsnet_tf.ops import safe_norm, squash
+from capsnet_tf.schedules import FlooredExponentialDecay
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CapsNet",
+    "CapsuleLayer",
+    "FlooredExponentialDecay",
+    "Length",
+    "MarginLoss",
+    "Mask",
+    "PRESETS",
+    "PrimaryCapsule",
+    "RECONSTRUCTION_WEIGHT",
+    "ReconstructionLoss",
+    "dynamic_routing",
+    "margin_loss",
+    "reconstruction_loss",
+    "safe_norm",
+    "squash",
+]

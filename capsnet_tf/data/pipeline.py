@@ -1,0 +1,171 @@
+"""`tf.data` pipelines for CapsNet from TensorFlow-Datasets.
+
+The data sets are read from a prepared TFDS directory (`data_dir`, else the
+`TFDS_DATA_DIR` environment variable, else `~/tensorflow_datasets`); nothing is
+downloaded here. A missing data set raises `DatasetNotFoundError` with one
+message that says which data set, where TFDS looked and how to point it at a
+copy.
+"""
+
+import glob
+import os
+
+import tensorflow as tf
+
+__all__ = [
+    "DatasetNotFoundError",
+    "load_tfds_split",
+    "make_dataset",
+    "random_shift",
+    "resolve_data_dir",
+]
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A TFDS data set is not prepared in the data directory."""
+
+
+def resolve_data_dir(data_dir=None):
+    """The TFDS data directory: argument, `$TFDS_DATA_DIR`, or the default."""
+    if data_dir:
+        return os.path.expanduser(data_dir)
+    if os.environ.get("TFDS_DATA_DIR"):
+        return os.path.expanduser(os.environ["TFDS_DATA_DIR"])
+    return os.path.expanduser(os.path.join("~", "tensorflow_datasets"))
+
+
+def load_tfds_split(name, split, data_dir=None):
+    """Loads `(image uint8 [H, W, C], label int64)` pairs of a prepared split.
+
+    Args:
+        name: TFDS name, e.g. `"mnist"` or `"fashion_mnist"` (a version may be
+            given as `"mnist:3.0.1"`).
+        split: TFDS split, e.g. `"train"`, `"test"`, `"train[:10%]"`.
+        data_dir: TFDS data directory; see `resolve_data_dir`.
+
+    Returns:
+        `(dataset, info)`: an unshuffled `tf.data.Dataset` and the
+        `tfds.core.DatasetInfo`.
+
+    Raises:
+        DatasetNotFoundError: the data set is not prepared in `data_dir`.
+    """
+    import tensorflow_datasets as tfds  # imported lazily: it is slow to import
+
+    data_dir = resolve_data_dir(data_dir)
+    base_name = name.split(":")[0]
+    if not glob.glob(os.path.join(data_dir, base_name, "*", "dataset_info.json")):
+        raise DatasetNotFoundError(
+            f"TensorFlow-Datasets data set {base_name!r} was not found in "
+            f"{data_dir!r} (looked for {os.path.join(data_dir, base_name, '<version>')}). "
+            "This project never downloads data: prepare it once with "
+            f"`tfds build {base_name}` on a machine with internet access, or point "
+            "TFDS at an existing copy with `export TFDS_DATA_DIR=/path/to/tensorflow_datasets` "
+            "(or the --data_dir flag)."
+        )
+    try:
+        dataset, info = tfds.load(
+            name,
+            split=split,
+            data_dir=data_dir,
+            as_supervised=True,
+            with_info=True,
+            download=False,
+            shuffle_files=False,
+        )
+    except (AssertionError, tfds.core.registered.DatasetNotFoundError) as error:
+        raise DatasetNotFoundError(
+            f"TensorFlow-Datasets could not load {name!r} split {split!r} from "
+            f"{data_dir!r}: {error}"
+        ) from None
+    return dataset, info
+
+
+def random_shift(image, max_shift, seed):
+    """Shifts an image by up to `max_shift` pixels each way, filling with zeros.
+
+    As the official release: pad by `max_shift` on every side, then crop the
+    original size at a random offset. Stateless: the same `seed` always gives
+    the same shift.
+
+    Args:
+        image: `[H, W, C]` tensor.
+        max_shift: python int >= 0.
+        seed: int32/int64 tensor of shape `[2]`.
+
+    Returns:
+        The shifted image, same shape and dtype.
+    """
+    if max_shift == 0:
+        return image
+    height, width, channels = image.shape
+    padded = tf.pad(image, [[max_shift, max_shift], [max_shift, max_shift], [0, 0]])
+    return tf.image.stateless_random_crop(padded, (height, width, channels), seed=seed)
+
+
+def make_dataset(
+    name,
+    split,
+    batch_size,
+    training,
+    shift=0,
+    seed=0,
+    data_dir=None,
+    reconstruction=True,
+    take=None,
+    shuffle_buffer=10_000,
+):
+    """A batched `tf.data` pipeline for CapsNet's `model.fit`.
+
+    Images are scaled to float32 in [0, 1] and cached once decoded; training
+    data are shuffled (reshuffled every epoch, deterministically from `seed`)
+    and shifted at random by up to `shift` pixels (a new shift every epoch);
+    evaluation data are neither. Elements are `(inputs, targets)` with
+    `inputs = {"image", "label"}` and `targets = {"length": label,
+    "reconstruction": image}` (without the label input and the reconstruction
+    target when `reconstruction` is false).
+
+    Args:
+        name: TFDS data set name.
+        split: TFDS split.
+        batch_size: examples per batch; the last batch may be smaller.
+        training: shuffle and augment.
+        shift: maximum shift in pixels for training (official MNIST: 2).
+        seed: seed of the shuffle order and the shifts.
+        data_dir: TFDS data directory.
+        reconstruction: include the label input and the image target.
+        take: keep only the first `take` examples (for smoke tests).
+        shuffle_buffer: shuffle buffer size.
+
+    Returns:
+        `(dataset, info)`.
+    """
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be >= 1. Received: batch_size={batch_size}")
+    if shift < 0:
+        raise ValueError(f"`shift` must be >= 0. Received: shift={shift}")
+    dataset, info = load_tfds_split(name, split, data_dir)
+    if take is not None:
+        dataset = dataset.take(take)
+
+    def scale(image, label):
+        return tf.cast(image, tf.float32) / 255.0, tf.cast(label, tf.int32)
+
+    dataset = dataset.map(scale, num_parallel_calls=tf.data.AUTOTUNE).cache()
+    if training:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        if shift:
+            seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+            dataset = tf.data.Dataset.zip(dataset, seeds).map(
+                lambda example, pair: (random_shift(example[0], shift, pair), example[1]),
+                num_parallel_calls=tf.data.AUTOTUNE,
+            )
+
+    def to_model_format(image, label):
+        if reconstruction:
+            return {"image": image, "label": label}, {"length": label, "reconstruction": image}
+        return {"image": image}, {"length": label}
+
+    dataset = dataset.map(to_model_format, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    return dataset, info

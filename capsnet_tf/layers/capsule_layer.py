@@ -1,0 +1,264 @@
+"""Fully connected capsules with routing-by-agreement (the paper's DigitCaps)."""
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from capsnet_tf.ops import squash
+
+__all__ = ["CapsuleLayer", "dynamic_routing"]
+
+
+def _coupling(logits, leaky):
+    """Softmax of the routing logits over the output capsules (last axis).
+
+    With leaky routing a zero "leak" logit is put first, softmaxed with the
+    rest and dropped, so an input capsule can send part of its vote nowhere
+    (the official release's `_leaky_routing`).
+    """
+    if not leaky:
+        return tf.nn.softmax(logits, axis=-1)
+    leak = tf.zeros_like(logits[..., :1])
+    return tf.nn.softmax(tf.concat([leak, logits], axis=-1), axis=-1)[..., 1:]
+
+
+def _routing_dtype(compute_dtype):
+    """Routing sums over all input capsules and squashes: float32 at least."""
+    if keras.backend.standardize_dtype(compute_dtype) in ("float16", "bfloat16"):
+        return "float32"
+    return keras.backend.standardize_dtype(compute_dtype)
+
+
+def dynamic_routing(votes, bias, iterations, leaky=False, return_couplings=False):
+    """Routing-by-agreement (Procedure 1 of the paper), compiled as a graph.
+
+    For every example separately, the logits `b_ij` start at zero; each
+    iteration computes the couplings `c_ij = softmax_j(b_ij)`, the output
+    capsules `v_j = squash(sum_i c_ij u_hat_j|i + bias_j)` and adds the
+    agreement `<u_hat_j|i, v_j>` to `b_ij`. The loop is a `tf.while_loop` with
+    a known trip count, compiled in a `tf.function`: no Python runs per
+    iteration at run time, and gradients flow through every iteration. The last
+    iteration's logit update, which the official release computes and
+    discards, is skipped. Called eagerly, the routing runs through a cached
+    `tf.function`; inside a graph (`model.fit`, `tf.function`, XLA) it is
+    traced inline into the caller's graph, so XLA sees static shapes.
+
+    Args:
+        votes: `u_hat`, float tensor `[batch, input_capsules, output_capsules,
+            output_dim]`.
+        bias: `[output_capsules, output_dim]` added to `s_j` in every
+            iteration, or `None`.
+        iterations: number of routing iterations (python int >= 1 or scalar
+            int tensor).
+        leaky: use leaky routing (an extra zero logit that absorbs votes).
+        return_couplings: also return the couplings of every iteration.
+
+    Returns:
+        `v`, `[batch, output_capsules, output_dim]`; with `return_couplings`,
+        `(v, couplings)` where couplings is `[batch, iterations,
+        input_capsules, output_capsules]`.
+    """
+    if tf.executing_eagerly():
+        return _compiled_routing(votes, bias, iterations, leaky, return_couplings)
+    return _routing_graph(votes, bias, iterations, leaky, return_couplings)
+
+
+def _routing_graph(votes, bias, iterations, leaky, return_couplings):
+    """The body of `dynamic_routing`, for tracing into a graph."""
+    iterations = tf.convert_to_tensor(iterations, tf.int32)
+    logits = tf.zeros(tf.shape(votes)[:3], dtype=votes.dtype)
+
+    def outputs_for(logits):
+        coupling = _coupling(logits, leaky)
+        preactivation = tf.einsum("bij,bije->bje", coupling, votes)
+        if bias is not None:
+            preactivation = preactivation + bias
+        return squash(preactivation, axis=-1), coupling
+
+    def body(step, logits, *history):
+        activation, coupling = outputs_for(logits)
+        if return_couplings:
+            history = (history[0].write(step, coupling),)
+        agreement = tf.einsum("bije,bje->bij", votes, activation)
+        return (step + 1, logits + agreement, *history)
+
+    history = ()
+    if return_couplings:
+        history = (tf.TensorArray(votes.dtype, size=iterations),)
+    step, logits, *history = tf.while_loop(
+        lambda step, *_: step < iterations - 1,
+        body,
+        (tf.constant(0), logits, *history),
+        # A known trip count lets XLA (jit_compile) differentiate the loop.
+        maximum_iterations=iterations - 1,
+    )
+    activation, coupling = outputs_for(logits)
+    if not return_couplings:
+        return activation
+    couplings = history[0].write(step, coupling).stack()
+    return activation, tf.transpose(couplings, (1, 0, 2, 3))
+
+
+# One trace per (iterations, leaky, return_couplings) and dtype; any batch size.
+_compiled_routing = tf.function(_routing_graph, reduce_retracing=True, autograph=False)
+
+
+@keras.saving.register_keras_serializable(package="capsnet_tf")
+class CapsuleLayer(keras.layers.Layer):
+    """A fully connected capsule layer with dynamic routing.
+
+    Every input capsule `u_i` predicts every output capsule through its own
+    matrix, `u_hat_j|i = u_i @ kernel[i, j]`; routing-by-agreement
+    (`dynamic_routing`) then decides how strongly each prediction counts:
+    `v_j = squash(sum_i c_ij u_hat_j|i + bias_j)`. The routing logits start at
+    zero for every example and are never shared across the batch.
+
+    Args:
+        num_capsules: number of output capsules (10 for MNIST's DigitCaps).
+        capsule_dim: dimension of each output capsule (16).
+        routing_iterations: routing iterations, at least 1 (paper: 3).
+        leaky_routing: add a zero "leak" logit to the routing softmax (the
+            official release's CIFAR-10 setting).
+        use_bias: add a learned bias to `s_j` before the squash in every
+            iteration, as the official release does.
+        kernel_initializer: initializer of the
+            `[input_capsules, num_capsules, input_dim, capsule_dim]` kernel;
+            default truncated normal with standard deviation 0.1 (official).
+        bias_initializer: initializer of the `[num_capsules, capsule_dim]`
+            bias.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: capsules `[batch, input_capsules, input_dim]`.
+        return_couplings: python bool; also return the coupling coefficients
+            of every routing iteration.
+
+    Returns:
+        Output capsules `[batch, num_capsules, capsule_dim]`, or with
+        `return_couplings=True` a tuple of those and the couplings
+        `[batch, routing_iterations, input_capsules, num_capsules]`.
+
+    Input shape:
+        `(batch, input_capsules, input_dim)`, both last dimensions known.
+
+    Output shape:
+        `(batch, num_capsules, capsule_dim)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = CapsuleLayer(num_capsules=10, capsule_dim=16)
+    >>> layer(np.ones((4, 1152, 8), "float32")).shape
+    (4, 10, 16)
+
+    Reference:
+        Sabour et al., 2017, arXiv:1710.09829, section 2 (Procedure 1).
+    """
+
+    def __init__(
+        self,
+        num_capsules,
+        capsule_dim,
+        routing_iterations=3,
+        leaky_routing=False,
+        use_bias=True,
+        kernel_initializer=None,
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (
+            ("num_capsules", num_capsules),
+            ("capsule_dim", capsule_dim),
+            ("routing_iterations", routing_iterations),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"`{name}` must be a positive integer. Received: {name}={value!r}"
+                )
+        if kernel_initializer is None:
+            kernel_initializer = keras.initializers.TruncatedNormal(stddev=0.1)
+        self.num_capsules = num_capsules
+        self.capsule_dim = capsule_dim
+        self.routing_iterations = routing_iterations
+        self.leaky_routing = bool(leaky_routing)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.input_spec = keras.layers.InputSpec(ndim=3)
+
+    def build(self, input_shape):
+        input_capsules, input_dim = input_shape[-2], input_shape[-1]
+        if input_capsules is None or input_dim is None:
+            raise ValueError(
+                "CapsuleLayer needs the number and dimension of its input "
+                f"capsules to be known. Received: input_shape={input_shape}"
+            )
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(input_capsules, self.num_capsules, input_dim, self.capsule_dim),
+            initializer=self.kernel_initializer,
+        )
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.num_capsules, self.capsule_dim),
+                initializer=self.bias_initializer,
+            )
+        else:
+            self.bias = None
+        self.input_spec = keras.layers.InputSpec(
+            ndim=3, axes={-2: input_capsules, -1: input_dim}
+        )
+
+    def call(self, inputs, return_couplings=False):
+        kernel = ops.cast(self.kernel, inputs.dtype)
+        # u_hat[b, i, j] = u[b, i] @ kernel[i, j]: a batched matmul over i that
+        # never tiles the kernel per example.
+        votes = tf.einsum("bid,ijde->bije", inputs, kernel)
+        # Routing sums over all input capsules and squashes: float32 at least.
+        votes = tf.cast(votes, _routing_dtype(self.compute_dtype))
+        bias = None if self.bias is None else tf.cast(self.bias, votes.dtype)
+        result = dynamic_routing(
+            votes,
+            bias,
+            self.routing_iterations,
+            leaky=self.leaky_routing,
+            return_couplings=return_couplings,
+        )
+        if return_couplings:
+            activation, couplings = result
+            return ops.cast(activation, inputs.dtype), couplings
+        return ops.cast(result, inputs.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.num_capsules, self.capsule_dim)
+
+    def compute_output_spec(self, inputs, return_couplings=False):
+        """Symbolic outputs from the hand-written shapes (no tracing of routing)."""
+        output = keras.KerasTensor(
+            self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
+        )
+        if not return_couplings:
+            return output
+        couplings_shape = (
+            inputs.shape[0],
+            self.routing_iterations,
+            inputs.shape[1],
+            self.num_capsules,
+        )
+        return output, keras.KerasTensor(
+            couplings_shape, dtype=_routing_dtype(self.compute_dtype)
+        )
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_capsules": self.num_capsules,
+            "capsule_dim": self.capsule_dim,
+            "routing_iterations": self.routing_iterations,
+            "leaky_routing": self.leaky_routing,
+            "use_bias": self.use_bias,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        }

@@ -1,0 +1,289 @@
+"""The CapsNet of Sabour et al. (2017) as a functional Keras model."""
+
+import math
+
+import keras
+
+from capsnet_tf.layers.capsule_layer import CapsuleLayer
+from capsnet_tf.layers.length import Length
+from capsnet_tf.layers.mask import Mask
+from capsnet_tf.layers.primary_capsule import PrimaryCapsule
+
+__all__ = ["CapsNet", "PRESETS"]
+
+_INITIALIZERS = ("official", "keras")
+
+# Named configurations, keras-hub style: constructor arguments plus metadata.
+PRESETS = {
+    "mnist": {
+        "metadata": {
+            "description": "The paper's MNIST CapsNet (28x28x1, 10 classes).",
+            "params": 8_215_728,
+        },
+        "config": {"image_shape": (28, 28, 1), "num_classes": 10},
+    },
+    "mnist_official": {
+        "metadata": {
+            "description": "MNIST CapsNet with the official release's initialisers "
+            "and PrimaryCaps scaling.",
+            "params": 8_215_728,
+        },
+        "config": {
+            "image_shape": (28, 28, 1),
+            "num_classes": 10,
+            "initializer": "official",
+            "official_primary_scaling": True,
+        },
+    },
+}
+
+
+def _initializers(kind, stddev):
+    """(kernel, bias) initializers for one layer."""
+    if kind == "official":
+        return (
+            keras.initializers.TruncatedNormal(stddev=stddev),
+            keras.initializers.Constant(0.1),
+        )
+    return "glorot_uniform", "zeros"
+
+
+@keras.saving.register_keras_serializable(package="capsnet_tf")
+class CapsNet(keras.Model):
+    """CapsNet: Conv -> PrimaryCapsule -> CapsuleLayer -> lengths + decoder.
+
+    The training model takes `{"image": [batch, H, W, C] float in [0, 1],
+    "label": [batch] int}` and returns `{"length": [batch, num_classes],
+    "reconstruction": [batch, H, W, C]}`. The decoder (fully connected
+    `decoder_units` with ReLU, then a sigmoid layer of `H * W * C` units) sees
+    the digit capsules with all but one masked out: the true class's in
+    training, the longest otherwise. `inference_model()` returns a model that
+    shares these weights and takes the image alone.
+
+    Args:
+        image_shape: `(height, width, channels)` of the input images.
+        num_classes: number of classes (= output capsules).
+        conv_filters: filters of the first ReLU convolution (256).
+        conv_kernel_size: its kernel size (9).
+        primary_capsule_types: capsule maps in PrimaryCaps (32).
+        primary_capsule_dim: dimension of primary capsules (8).
+        primary_kernel_size: PrimaryCaps kernel size (9).
+        primary_strides: PrimaryCaps stride (2).
+        padding: `"valid"` (paper) or `"same"` for both convolutions.
+        capsule_dim: dimension of the class capsules (16).
+        routing_iterations: routing iterations (3).
+        leaky_routing: leaky routing in the class capsules.
+        decoder_units: hidden layer sizes of the decoder ((512, 1024)).
+        reconstruction: build the decoder and the `reconstruction` output
+            (and the `label` input); `False` gives a classifier only.
+        official_primary_scaling: PrimaryCaps pre-activations divided by the
+            number of capsule types, as in the official release.
+        initializer: `"official"` (truncated normal 0.1, first convolution
+            0.05, biases 0.1) or `"keras"` (Glorot uniform / zeros; the capsule
+            kernel keeps its truncated normal 0.1).
+        **kwargs: `keras.Model` arguments such as `name`.
+
+    Call arguments:
+        inputs: dict with `"image"` and, when `reconstruction`, `"label"`.
+        training: python bool; selects the label (True) or the longest
+            capsule (False) for the reconstruction.
+
+    Returns:
+        Dict with `"length"` and, when `reconstruction`, `"reconstruction"`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> model = CapsNet()
+    >>> outputs = model({"image": np.zeros((2, 28, 28, 1), "float32"),
+    ...                  "label": np.array([3, 7])})
+    >>> outputs["length"].shape, outputs["reconstruction"].shape
+    (TensorShape([2, 10]), TensorShape([2, 28, 28, 1]))
+
+    Reference:
+        Sabour et al., 2017, arXiv:1710.09829, section 4 and figures 1-2.
+    """
+
+    def __init__(
+        self,
+        image_shape=(28, 28, 1),
+        num_classes=10,
+        conv_filters=256,
+        conv_kernel_size=9,
+        primary_capsule_types=32,
+        primary_capsule_dim=8,
+        primary_kernel_size=9,
+        primary_strides=2,
+        padding="valid",
+        capsule_dim=16,
+        routing_iterations=3,
+        leaky_routing=False,
+        decoder_units=(512, 1024),
+        reconstruction=True,
+        official_primary_scaling=False,
+        initializer="official",
+        **kwargs,
+    ):
+        if initializer not in _INITIALIZERS:
+            raise ValueError(
+                f"`initializer` must be one of {_INITIALIZERS}. "
+                f"Received: initializer={initializer!r}"
+            )
+        image_shape = tuple(int(size) for size in image_shape)
+        if len(image_shape) != 3 or min(image_shape) < 1:
+            raise ValueError(
+                "`image_shape` must be (height, width, channels) of positive "
+                f"sizes. Received: image_shape={image_shape}"
+            )
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(
+                f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}"
+            )
+        decoder_units = tuple(int(units) for units in decoder_units)
+        low_precision = keras.config.dtype_policy().compute_dtype in ("float16", "bfloat16")
+        precise_dtype = "float32" if low_precision else None
+
+        # === Layers ===
+        conv_kernel, conv_bias = _initializers(initializer, 0.05)
+        self.conv = keras.layers.Conv2D(
+            conv_filters,
+            conv_kernel_size,
+            padding=padding,
+            activation="relu",
+            kernel_initializer=conv_kernel,
+            bias_initializer=conv_bias,
+            name="conv1",
+        )
+        primary_kernel, primary_bias = _initializers(initializer, 0.1)
+        self.primary_capsules = PrimaryCapsule(
+            num_capsule_types=primary_capsule_types,
+            capsule_dim=primary_capsule_dim,
+            kernel_size=primary_kernel_size,
+            strides=primary_strides,
+            padding=padding,
+            official_scaling=official_primary_scaling,
+            kernel_initializer=primary_kernel,
+            bias_initializer=primary_bias,
+            name="primary_capsules",
+        )
+        capsule_kernel, capsule_bias = _initializers(initializer, 0.1)
+        if initializer == "keras":
+            capsule_kernel = None  # CapsuleLayer's own default
+        self.class_capsules = CapsuleLayer(
+            num_capsules=num_classes,
+            capsule_dim=capsule_dim,
+            routing_iterations=routing_iterations,
+            leaky_routing=leaky_routing,
+            kernel_initializer=capsule_kernel,
+            bias_initializer=capsule_bias,
+            name="class_capsules",
+        )
+        self.length = Length(dtype=precise_dtype, name="length")
+        if reconstruction:
+            self.mask = Mask(name="mask")
+            decoder_layers = [keras.layers.Flatten()]
+            for units in decoder_units:
+                kernel, bias = _initializers(initializer, 0.1)
+                decoder_layers.append(
+                    keras.layers.Dense(
+                        units, "relu", kernel_initializer=kernel, bias_initializer=bias
+                    )
+                )
+            kernel, bias = _initializers(initializer, 0.1)
+            decoder_layers += [
+                keras.layers.Dense(
+                    math.prod(image_shape),
+                    "sigmoid",
+                    kernel_initializer=kernel,
+                    bias_initializer=bias,
+                    dtype=precise_dtype,
+                ),
+                keras.layers.Reshape(image_shape, dtype=precise_dtype),
+            ]
+            self.decoder = keras.Sequential(decoder_layers, name="decoder")
+
+        # === Functional Model ===
+        image = keras.Input(shape=image_shape, name="image")
+        inputs = {"image": image}
+        capsules = self._capsules(image)
+        outputs = {"length": self.length(capsules)}
+        if reconstruction:
+            label = keras.Input(shape=(), dtype="int32", name="label")
+            inputs["label"] = label
+            outputs["reconstruction"] = self.decoder(self.mask(capsules, label))
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+        # === Config ===
+        self.image_shape = image_shape
+        self.num_classes = num_classes
+        self.conv_filters = conv_filters
+        self.conv_kernel_size = conv_kernel_size
+        self.primary_capsule_types = primary_capsule_types
+        self.primary_capsule_dim = primary_capsule_dim
+        self.primary_kernel_size = primary_kernel_size
+        self.primary_strides = primary_strides
+        self.padding = padding
+        self.capsule_dim = capsule_dim
+        self.routing_iterations = routing_iterations
+        self.leaky_routing = leaky_routing
+        self.decoder_units = decoder_units
+        self.reconstruction = reconstruction
+        self.official_primary_scaling = official_primary_scaling
+        self.initializer = initializer
+
+    def _capsules(self, image):
+        return self.class_capsules(self.primary_capsules(self.conv(image)))
+
+    def inference_model(self, name=None):
+        """A model sharing this model's weights that takes the image alone.
+
+        Args:
+            name: name of the returned model (default `"<name>_inference"`).
+
+        Returns:
+            A functional `keras.Model` mapping `[batch, H, W, C]` images to
+            `{"length": [batch, classes], "capsules": [batch, classes, dim]}`
+            and, when the model reconstructs, `"reconstruction"` from the
+            longest capsule.
+        """
+        image = keras.Input(shape=self.image_shape, name="image")
+        capsules = self._capsules(image)
+        outputs = {"length": self.length(capsules), "capsules": capsules}
+        if self.reconstruction:
+            outputs["reconstruction"] = self.decoder(self.mask(capsules))
+        return keras.Model(image, outputs, name=name or f"{self.name}_inference")
+
+    @classmethod
+    def from_preset(cls, preset, **overrides):
+        """Builds a model from a named entry of `PRESETS`, with overrides."""
+        if preset not in PRESETS:
+            raise ValueError(
+                f"Unknown preset {preset!r}; available: {sorted(PRESETS)}"
+            )
+        return cls(**{**PRESETS[preset]["config"], **overrides})
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "image_shape": self.image_shape,
+            "num_classes": self.num_classes,
+            "conv_filters": self.conv_filters,
+            "conv_kernel_size": self.conv_kernel_size,
+            "primary_capsule_types": self.primary_capsule_types,
+            "primary_capsule_dim": self.primary_capsule_dim,
+            "primary_kernel_size": self.primary_kernel_size,
+            "primary_strides": self.primary_strides,
+            "padding": self.padding,
+            "capsule_dim": self.capsule_dim,
+            "routing_iterations": self.routing_iterations,
+            "leaky_routing": self.leaky_routing,
+            "decoder_units": self.decoder_units,
+            "reconstruction": self.reconstruction,
+            "official_primary_scaling": self.official_primary_scaling,
+            "initializer": self.initializer,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

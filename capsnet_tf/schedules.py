@@ -1,0 +1,78 @@
+"""The official release's learning-rate schedule."""
+
+import keras
+from keras import ops
+
+__all__ = ["FlooredExponentialDecay"]
+
+
+@keras.saving.register_keras_serializable(package="capsnet_tf")
+class FlooredExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """`max(initial * decay_rate ** (step / decay_steps), minimum)`, continuous.
+
+    The official CapsNet release decays Adam's learning rate from 1e-3 by 0.96
+    every 2000 steps without a staircase and never lets it fall below 1e-6.
+
+    Args:
+        initial_learning_rate: rate at step 0.
+        decay_steps: steps over which the rate is multiplied by `decay_rate`.
+        decay_rate: multiplicative decay per `decay_steps`.
+        minimum_learning_rate: the floor.
+
+    Call arguments:
+        step: the optimizer's iteration count (global steps).
+
+    Returns:
+        The learning rate, float32 scalar.
+
+    Example:
+
+    >>> schedule = FlooredExponentialDecay(1e-3, 2000, 0.96, 1e-6)
+    >>> round(float(schedule(4000)), 10)
+    0.0009216
+
+    Reference:
+        Sabour et al., 2017, arXiv:1710.09829; official release's
+        `tf.train.exponential_decay` + `tf.maximum(lr, 1e-6)`.
+    """
+
+    def __init__(
+        self,
+        initial_learning_rate=1e-3,
+        decay_steps=2000,
+        decay_rate=0.96,
+        minimum_learning_rate=1e-6,
+    ):
+        if not initial_learning_rate > 0:
+            raise ValueError(
+                "`initial_learning_rate` must be positive. "
+                f"Received: initial_learning_rate={initial_learning_rate}"
+            )
+        if not decay_steps > 0:
+            raise ValueError(f"`decay_steps` must be positive. Received: decay_steps={decay_steps}")
+        if not 0 < decay_rate <= 1:
+            raise ValueError(f"`decay_rate` must be in (0, 1]. Received: decay_rate={decay_rate}")
+        if not 0 <= minimum_learning_rate <= initial_learning_rate:
+            raise ValueError(
+                "`minimum_learning_rate` must be in [0, initial_learning_rate]. "
+                f"Received: minimum_learning_rate={minimum_learning_rate}"
+            )
+        self.initial_learning_rate = initial_learning_rate
+        self.decay_steps = decay_steps
+        self.decay_rate = decay_rate
+        self.minimum_learning_rate = minimum_learning_rate
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        rate = self.initial_learning_rate * ops.power(
+            ops.cast(self.decay_rate, "float32"), step / float(self.decay_steps)
+        )
+        return ops.maximum(rate, self.minimum_learning_rate)
+
+    def get_config(self):
+        return {
+            "initial_learning_rate": self.initial_learning_rate,
+            "decay_steps": self.decay_steps,
+            "decay_rate": self.decay_rate,
+            "minimum_learning_rate": self.minimum_learning_rate,
+        }

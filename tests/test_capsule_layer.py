@@ -1,0 +1,174 @@
+"""CapsuleLayer and dynamic routing against an independent NumPy float64 reference."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from capsnet_tf import CapsuleLayer, dynamic_routing
+from tests.layer_test_case import run_layer_test
+
+
+def reference_routing(inputs, kernel, bias, iterations, leaky):
+    """Procedure 1 of the paper, one example at a time, with explicit loops.
+
+    Returns the output capsules and the couplings of every iteration.
+    """
+    batch, num_in, _ = inputs.shape
+    _, num_out, _, out_dim = kernel.shape
+    outputs = np.zeros((batch, num_out, out_dim))
+    couplings = np.zeros((batch, iterations, num_in, num_out))
+    for b in range(batch):
+        votes = np.zeros((num_in, num_out, out_dim))
+        for i in range(num_in):
+            for j in range(num_out):
+                votes[i, j] = inputs[b, i] @ kernel[i, j]
+        logits = np.zeros((num_in, num_out))
+        for r in range(iterations):
+            if leaky:
+                padded = np.concatenate([np.zeros((num_in, 1)), logits], axis=1)
+                exp = np.exp(padded - padded.max(axis=1, keepdims=True))
+                c = (exp / exp.sum(axis=1, keepdims=True))[:, 1:]
+            else:
+                exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+                c = exp / exp.sum(axis=1, keepdims=True)
+            couplings[b, r] = c
+            s = np.einsum("ij,ijd->jd", c, votes) + bias
+            norm = np.linalg.norm(s, axis=-1, keepdims=True)
+            v = norm**2 / (1 + norm**2) * s / norm
+            for i in range(num_in):
+                for j in range(num_out):
+                    logits[i, j] += votes[i, j] @ v[j]
+        outputs[b] = v
+    return outputs, couplings
+
+
+def make_layer(iterations=3, leaky=False, dtype="float64", seed=0, num_in=6, in_dim=4):
+    rng = np.random.default_rng(seed)
+    layer = CapsuleLayer(3, 5, routing_iterations=iterations, leaky_routing=leaky, dtype=dtype)
+    layer.build((None, num_in, in_dim))
+    kernel = rng.normal(scale=0.5, size=(num_in, 3, in_dim, 5))
+    bias = rng.normal(scale=0.1, size=(3, 5))
+    layer.set_weights([kernel, bias])
+    inputs = rng.normal(size=(4, num_in, in_dim))
+    return layer, inputs, kernel, bias
+
+
+def test_baseline_checks(tmp_path):
+    run_layer_test(
+        CapsuleLayer,
+        {"num_capsules": 10, "capsule_dim": 16, "routing_iterations": 2},
+        np.random.default_rng(0).normal(size=(3, 20, 8)).astype("float32"),
+        expected_output_shape=(3, 10, 16),
+        expected_trainable_weight_shapes={"kernel": (20, 10, 8, 16), "bias": (10, 16)},
+        tmp_path=tmp_path,
+    )
+
+
+def test_no_bias_has_only_the_kernel():
+    layer = CapsuleLayer(10, 16, use_bias=False)
+    layer.build((None, 20, 8))
+    assert [w.path.split("/")[-1] for w in layer.trainable_weights] == ["kernel"]
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+def test_routing_matches_float64_reference(iterations, leaky):
+    layer, inputs, kernel, bias = make_layer(iterations, leaky)
+    expected, expected_couplings = reference_routing(inputs, kernel, bias, iterations, leaky)
+    outputs, couplings = layer(inputs, return_couplings=True)
+    np.testing.assert_allclose(outputs.numpy(), expected, rtol=1e-6, atol=1e-8)  # epsilon in |s|
+    np.testing.assert_allclose(couplings.numpy(), expected_couplings, rtol=1e-6, atol=1e-8)  # epsilon in |s|
+    np.testing.assert_allclose(layer(inputs).numpy(), expected, rtol=1e-6, atol=1e-8)  # epsilon in |s|
+
+
+def test_float32_layer_is_close_to_reference():
+    layer64, inputs, kernel, bias = make_layer(3, False)
+    layer = CapsuleLayer(3, 5, dtype="float32")
+    layer.build((None, 6, 4))
+    layer.set_weights([kernel.astype("float32"), bias.astype("float32")])
+    expected, _ = reference_routing(inputs, kernel, bias, 3, False)
+    np.testing.assert_allclose(layer(inputs.astype("float32")).numpy(), expected, atol=1e-5)
+
+
+def test_first_iteration_couplings_are_uniform():
+    for leaky, value in ((False, 1 / 3), (True, 1 / 4)):
+        layer, inputs, _, _ = make_layer(3, leaky)
+        _, couplings = layer(inputs, return_couplings=True)
+        np.testing.assert_allclose(couplings.numpy()[:, 0], value, rtol=1e-12)
+        # Later iterations moved away from uniform.
+        assert np.abs(couplings.numpy()[:, 2] - value).max() > 1e-3
+
+
+def test_routing_is_deterministic_and_iterations_matter():
+    layer3, inputs, kernel, bias = make_layer(3)
+    layer1, *_ = make_layer(1)
+    first, second = layer3(inputs).numpy(), layer3(inputs).numpy()
+    np.testing.assert_array_equal(first, second)
+    assert np.abs(first - layer1(inputs).numpy()).max() > 1e-3
+
+
+def test_routing_is_per_example():
+    layer, inputs, _, _ = make_layer(3)
+    batched = layer(inputs).numpy()
+    for b in range(inputs.shape[0]):
+        np.testing.assert_allclose(layer(inputs[b : b + 1]).numpy()[0], batched[b], rtol=1e-12)
+
+
+def test_gradients_match_numerical_through_all_iterations():
+    layer, inputs, _, _ = make_layer(3, num_in=3, in_dim=2)
+    kernel = layer.kernel
+
+    def through_inputs(x):
+        return layer(x)
+
+    def through_kernel(w):  # the layer's computation with the kernel as input
+        votes = tf.einsum("bid,ijde->bije", inputs[:2], w)
+        return dynamic_routing(votes, layer.bias, 3)
+
+    theoretical, numerical = tf.test.compute_gradient(through_inputs, [tf.constant(inputs[:2])])
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-4, atol=1e-6)
+    start = tf.constant(kernel.numpy())
+    theoretical, numerical = tf.test.compute_gradient(through_kernel, [start])
+    # Central differences with TensorFlow's default step: agreement to ~1e-7.
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-4, atol=1e-6)
+    assert np.abs(theoretical[0]).max() > 1e-2  # the check is not vacuous
+
+
+def test_any_batch_size_and_compiled_modes():
+    layer, inputs, _, _ = make_layer(3, dtype="float32")
+    inputs = inputs.astype("float32")
+    eager = layer(inputs).numpy()
+    for jit_compile in (False, True):
+        compiled = tf.function(lambda x: layer(x), jit_compile=jit_compile)
+        for size in (4, 3, 1):  # a final partial batch too
+            np.testing.assert_allclose(compiled(inputs[:size]).numpy(), eager[:size], atol=1e-5)
+
+
+def test_mixed_bfloat16_keeps_float32_variables_and_finite_outputs():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = CapsuleLayer(10, 16)
+    outputs, couplings = layer(np.random.rand(2, 32, 8).astype("float32"), return_couplings=True)
+    assert layer.kernel.dtype == "float32"
+    assert outputs.dtype == tf.bfloat16 and couplings.dtype == tf.float32
+    assert np.all(np.isfinite(tf.cast(outputs, tf.float32).numpy()))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_capsules": 0, "capsule_dim": 16},
+        {"num_capsules": 10, "capsule_dim": -1},
+        {"num_capsules": 10, "capsule_dim": 16, "routing_iterations": 0},
+        {"num_capsules": 10.5, "capsule_dim": 16},
+    ],
+)
+def test_invalid_arguments_are_refused_by_name(kwargs):
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        CapsuleLayer(**kwargs)
+
+
+def test_wrong_input_rank_is_refused():
+    layer = CapsuleLayer(10, 16)
+    with pytest.raises(ValueError):
+        layer(np.zeros((2, 6, 6, 8), "float32"))
