@@ -72,7 +72,7 @@ def squash(vectors, axis=-1, epsilon=None):
 
     >>> import numpy as np
     >>> out = squash(np.ones((1, 4), "float32"))
-    >>> np.round(np.asarray(out), 4).tolist()  # 1/2 * 4/5 each
+    >>> np.asarray(out).astype(float).round(4).tolist()  # 1/2 * 4/5 each
     [[0.4, 0.4, 0.4, 0.4]]
 
     Reference:

@@ -329,6 +329,7 @@ def train_and_evaluate(config, workdir, overwrite=False):
         epochs=config.epochs,
         steps_per_epoch=config.steps_per_epoch,
         validation_data=test_data,
+        shuffle=False,  # the tf.data pipeline shuffles
         callbacks=callbacks,
         verbose=config.verbose,
     )

@@ -148,7 +148,7 @@ class CapsuleLayer(keras.layers.Layer):
 
     >>> import numpy as np
     >>> layer = CapsuleLayer(num_capsules=10, capsule_dim=16)
-    >>> layer(np.ones((4, 1152, 8), "float32")).shape
+    >>> tuple(layer(np.ones((4, 1152, 8), "float32")).shape)
     (4, 10, 16)
 
     Reference:

@@ -32,7 +32,7 @@ class Length(keras.layers.Layer):
 
     >>> import numpy as np
     >>> lengths = Length()(np.array([[[3.0, 4.0], [0.0, 0.0]]], "float32"))
-    >>> np.round(np.asarray(lengths), 3).tolist()
+    >>> np.asarray(lengths).astype(float).round(3).tolist()
     [[5.0, 0.0]]
 
     Reference:

@@ -62,7 +62,7 @@ class PrimaryCapsule(keras.layers.Layer):
 
     >>> import numpy as np
     >>> layer = PrimaryCapsule(num_capsule_types=32, capsule_dim=8)
-    >>> layer(np.zeros((2, 20, 20, 256), "float32")).shape
+    >>> tuple(layer(np.zeros((2, 20, 20, 256), "float32")).shape)
     (2, 1152, 8)
 
     Reference:
