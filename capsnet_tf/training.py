@@ -4,6 +4,7 @@
 can be called from a notebook the same way. The work directory holds:
 
 - `config.json`: the resolved `ExperimentConfig`;
+- `model.json`: the `CapsNet` configuration (`CapsNet.from_config`);
 - `checkpoints/latest.weights.h5` (every epoch) and
   `checkpoints/best.weights.h5` (best test accuracy so far);
 - `backup/`: Keras `BackupAndRestore` state (weights, optimizer, epoch) so
@@ -31,6 +32,7 @@ __all__ = [
     "IncompatibleWorkdirError",
     "build_model",
     "compile_model",
+    "load_trained_model",
     "train_and_evaluate",
 ]
 
@@ -245,6 +247,49 @@ def _best_logged(csv_path, metric):
     return max(values) if values else None
 
 
+def load_trained_model(workdir, checkpoint="best"):
+    """Rebuilds the model of a work directory and loads one of its checkpoints.
+
+    Args:
+        workdir: a directory written by `train_and_evaluate`.
+        checkpoint: `"best"` or `"latest"`.
+
+    Returns:
+        `(model, config)`: the training `CapsNet` with the weights loaded (call
+        `model.inference_model()` for the image-only model) and the
+        `ExperimentConfig` of the run.
+
+    Raises:
+        FileNotFoundError: no `config.json` or no such checkpoint, named.
+        ValueError: the checkpoint cannot be read or does not fit the model.
+    """
+    if checkpoint not in ("best", "latest"):
+        raise ValueError(f'`checkpoint` must be "best" or "latest". Received: {checkpoint!r}')
+    config_path = os.path.join(workdir, "config.json")
+    model_path = os.path.join(workdir, "model.json")
+    weights_path = os.path.join(workdir, "checkpoints", f"{checkpoint}.weights.h5")
+    for path in (config_path, model_path, weights_path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"{path} does not exist: is {workdir!r} a work directory of a finished "
+                "training run (experiments/mnist.py --workdir=...)?"
+            )
+    with open(config_path) as file:
+        saved = json.load(file)
+    known = {field.name for field in dataclasses.fields(ExperimentConfig)}
+    config = ExperimentConfig(**{k: v for k, v in saved.items() if k in known})
+    with open(model_path) as file:
+        model = CapsNet.from_config(json.load(file))
+    try:
+        model.load_weights(weights_path)
+    except Exception as error:
+        raise ValueError(
+            f"Cannot load the checkpoint {weights_path}: {error}. The file may be "
+            "truncated or from a different model; try checkpoint='latest' or retrain."
+        ) from None
+    return model, config
+
+
 def train_and_evaluate(config, workdir, overwrite=False):
     """Trains CapsNet as `config` says and evaluates the best checkpoint.
 
@@ -296,6 +341,8 @@ def train_and_evaluate(config, workdir, overwrite=False):
         file.write(config.to_json())
 
     model = compile_model(build_model(config, image_shape, num_classes), config)
+    with open(os.path.join(workdir, "model.json"), "w") as file:
+        json.dump(model.get_config(), file, indent=2)
     checkpoints = os.path.join(workdir, "checkpoints")
     os.makedirs(checkpoints, exist_ok=True)
     train_examples = config.train_examples or info.splits["train"].num_examples

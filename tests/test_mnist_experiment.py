@@ -121,3 +121,30 @@ def test_bad_flag_values_and_missing_data_exit_with_a_clear_message(tmp_path):
     assert result.returncode != 0
     assert "'mnist' was not found" in result.stderr and "TFDS_DATA_DIR" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_load_trained_model_restores_weights_and_reports_bad_files(tfds_data_dir, tmp_path):
+    from capsnet_tf.training import ExperimentConfig, load_trained_model, train_and_evaluate
+
+    workdir = str(tmp_path / "run")
+    config = ExperimentConfig(
+        epochs=1, steps_per_epoch=2, batch_size=8, eval_examples=16, train_examples=64, verbose=0
+    )
+    results = train_and_evaluate(config, workdir)
+    model, loaded_config = load_trained_model(workdir)
+    assert loaded_config == config
+    from capsnet_tf.data import make_dataset
+
+    from capsnet_tf.training import compile_model
+
+    test_data, _ = make_dataset("mnist", "test", 8, training=False, take=16)
+    metrics = compile_model(model, config).evaluate(test_data, return_dict=True, verbose=0)
+    assert metrics["length_accuracy"] == pytest.approx(results["test_accuracy"])
+
+    best = os.path.join(workdir, "checkpoints", "best.weights.h5")
+    with open(best, "r+b") as file:
+        file.truncate(1000)
+    with pytest.raises(ValueError, match="best.weights.h5"):
+        load_trained_model(workdir)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_trained_model(str(tmp_path / "nothing"))
