@@ -350,8 +350,10 @@ def train_and_evaluate(config, workdir, overwrite=False):
     callbacks = [
         # Kept after the last epoch, so that rerunning a finished run neither
         # trains again nor replaces its best checkpoint.
+        # double_checkpoint: a backup broken by a kill while saving falls
+        # back to the one before it.
         keras.callbacks.BackupAndRestore(
-            os.path.join(workdir, "backup"), delete_checkpoint=False
+            os.path.join(workdir, "backup"), delete_checkpoint=False, double_checkpoint=True
         ),
         keras.callbacks.ModelCheckpoint(
             os.path.join(checkpoints, "latest.weights.h5"), save_weights_only=True
