@@ -9,7 +9,8 @@ can be called from a notebook the same way. The work directory holds:
   `checkpoints/best.weights.h5` (best test accuracy so far);
 - `backup/`: Keras `BackupAndRestore` state (weights, optimizer, epoch) so
   that rerunning the same command after an interruption resumes;
-- `logs/`: TensorBoard; `training_log.csv`: one row per epoch;
+- `logs/`: TensorBoard, with the reconstructions of 16 test images drawn
+  every epoch (`logs/reconstructions`); `training_log.csv`: one row per epoch;
 - `results.json`: the final evaluation of the best checkpoint.
 """
 
@@ -96,8 +97,8 @@ class ExperimentConfig:
     reconstruction: bool = True
     reconstruction_weight: float = 0.0005
     margin_class_reduction: str = "sum"
-    official_primary_scaling: bool = True
-    initializer: str = "official"
+    official_primary_scaling: bool = False
+    initializer: str = "keras"
     padding: str = "valid"
     primary_capsule_types: int = 32
     shift: int = 2
@@ -372,6 +373,18 @@ def train_and_evaluate(config, workdir, overwrite=False):
         keras.callbacks.TensorBoard(os.path.join(workdir, "logs"), update_freq="epoch"),
         keras.callbacks.TerminateOnNaN(),
     ]
+    if config.reconstruction:
+        from capsnet_tf.visualization import ReconstructionImages, load_test_images
+
+        sample_images, sample_labels = load_test_images(config.dataset, 16, config.data_dir)
+        callbacks.append(
+            ReconstructionImages(
+                sample_images,
+                sample_labels,
+                os.path.join(workdir, "logs", "reconstructions"),
+                max_images=16,
+            )
+        )
     start = time.perf_counter()
     history = model.fit(
         train_data,

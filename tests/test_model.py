@@ -188,3 +188,19 @@ def test_invalid_model_arguments():
         CapsNet(image_shape=(28, 28))
     with pytest.raises(ValueError, match="preset"):
         CapsNet.from_preset("imagenet")
+
+
+def test_official_initialisers():
+    model = CapsNet(initializer="official", official_primary_scaling=True)
+    conv = model.get_layer("conv1")
+    np.testing.assert_allclose(conv.bias.numpy(), 0.1)
+    # Truncated normal: |w| <= 2 stddev, standard deviation ~0.88 stddev.
+    kernel = conv.kernel.numpy()
+    assert np.abs(kernel).max() <= 0.1 + 1e-6 and 0.04 < kernel.std() < 0.047
+    primary = model.get_layer("primary_capsules").kernel.numpy()
+    assert np.abs(primary).max() <= 0.2 + 1e-6 and 0.08 < primary.std() < 0.095
+    np.testing.assert_allclose(model.get_layer("class_capsules").bias.numpy(), 0.1)
+    for dense in model.get_layer("decoder").layers[1:4]:
+        np.testing.assert_allclose(dense.bias.numpy(), 0.1)
+    keras_default = CapsNet()
+    np.testing.assert_array_equal(keras_default.get_layer("conv1").bias.numpy(), 0.0)
