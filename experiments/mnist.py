@@ -63,10 +63,10 @@ _MARGIN_REDUCTION = flags.DEFINE_enum(
     "Margin loss over classes: 'sum' (paper) or 'official' (0.5 x mean).",
 )
 _OFFICIAL_PRIMARY_SCALING = flags.DEFINE_bool(
-    "official_primary_scaling", True, "Divide PrimaryCaps pre-activations by the number of types."
+    "official_primary_scaling", False, "Divide PrimaryCaps pre-activations by the number of types."
 )
 _INITIALIZER = flags.DEFINE_enum(
-    "initializer", "official", ["official", "keras"], "Weight initialisers."
+    "initializer", "keras", ["keras", "official"], "Weight initialisers."
 )
 _SHIFT = flags.DEFINE_integer(
     "shift", 2, "Maximum random shift of training images, pixels.", lower_bound=0

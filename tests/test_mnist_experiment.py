@@ -105,7 +105,7 @@ def test_flagfile_command_from_repository_root_and_experiments(tfds_data_dir, tm
         config = json.load(open(os.path.join(workdir, "config.json")))
         # Values from the flagfile, overridden by the later flags.
         assert config["learning_rate"] == 0.001 and config["decay_steps"] == 2000
-        assert config["batch_size"] == 8 and config["official_primary_scaling"] is True
+        assert config["batch_size"] == 8 and config["initializer"] == "keras"
 
 
 def test_bad_flag_values_and_missing_data_exit_with_a_clear_message(tmp_path):

@@ -78,9 +78,9 @@ class CapsNet(keras.Model):
             (and the `label` input); `False` gives a classifier only.
         official_primary_scaling: PrimaryCaps pre-activations divided by the
             number of capsule types, as in the official release.
-        initializer: `"official"` (truncated normal 0.1, first convolution
-            0.05, biases 0.1) or `"keras"` (Glorot uniform / zeros; the capsule
-            kernel keeps its truncated normal 0.1).
+        initializer: `"keras"` (default: Glorot uniform / zeros; the capsule
+            kernel truncated normal 0.1) or `"official"` (the official
+            release's truncated normal 0.1, first convolution 0.05, biases 0.1).
         **kwargs: `keras.Model` arguments such as `name`.
 
     Call arguments:
@@ -121,7 +121,7 @@ class CapsNet(keras.Model):
         decoder_units=(512, 1024),
         reconstruction=True,
         official_primary_scaling=False,
-        initializer="official",
+        initializer="keras",
         **kwargs,
     ):
         if initializer not in _INITIALIZERS:
