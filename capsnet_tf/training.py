@@ -21,7 +21,6 @@ import os
 import time
 
 import keras
-import tensorflow as tf
 
 from capsnet_tf.data.pipeline import make_dataset
 from capsnet_tf.losses import MarginLoss, ReconstructionLoss
@@ -34,6 +33,7 @@ __all__ = [
     "build_model",
     "compile_model",
     "load_trained_model",
+    "read_run_files",
     "train_and_evaluate",
 ]
 
@@ -248,6 +248,39 @@ def _best_logged(csv_path, metric):
     return max(values) if values else None
 
 
+def _not_a_run_message(path, workdir):
+    return (
+        f"{path} does not exist: is {workdir!r} a work directory of a finished "
+        "training run (experiments/mnist.py --workdir=...)?"
+    )
+
+
+def read_run_files(workdir, require_model=True):
+    """The experiment and model configurations saved in a work directory.
+
+    Args:
+        workdir: a directory written by `train_and_evaluate`.
+        require_model: raise when `model.json` is missing (else return `{}`).
+
+    Returns:
+        `(config, model_config)`: the dicts of `config.json` and `model.json`.
+
+    Raises:
+        FileNotFoundError: a required file is missing; the message names it.
+    """
+    contents = {}
+    for name in ("config.json", "model.json"):
+        path = os.path.join(workdir, name)
+        if not os.path.exists(path):
+            if name == "model.json" and not require_model:
+                contents[name] = {}
+                continue
+            raise FileNotFoundError(_not_a_run_message(path, workdir))
+        with open(path) as file:
+            contents[name] = json.load(file)
+    return contents["config.json"], contents["model.json"]
+
+
 def load_trained_model(workdir, checkpoint="best"):
     """Rebuilds the model of a work directory and loads one of its checkpoints.
 
@@ -266,21 +299,13 @@ def load_trained_model(workdir, checkpoint="best"):
     """
     if checkpoint not in ("best", "latest"):
         raise ValueError(f'`checkpoint` must be "best" or "latest". Received: {checkpoint!r}')
-    config_path = os.path.join(workdir, "config.json")
-    model_path = os.path.join(workdir, "model.json")
     weights_path = os.path.join(workdir, "checkpoints", f"{checkpoint}.weights.h5")
-    for path in (config_path, model_path, weights_path):
-        if not os.path.exists(path):
-            raise FileNotFoundError(
-                f"{path} does not exist: is {workdir!r} a work directory of a finished "
-                "training run (experiments/mnist.py --workdir=...)?"
-            )
-    with open(config_path) as file:
-        saved = json.load(file)
+    saved, model_config = read_run_files(workdir)
+    if not os.path.exists(weights_path):
+        raise FileNotFoundError(_not_a_run_message(weights_path, workdir))
     known = {field.name for field in dataclasses.fields(ExperimentConfig)}
     config = ExperimentConfig(**{k: v for k, v in saved.items() if k in known})
-    with open(model_path) as file:
-        model = CapsNet.from_config(json.load(file))
+    model = CapsNet.from_config(model_config)
     try:
         model.load_weights(weights_path)
     except Exception as error:

@@ -32,7 +32,6 @@ Reference:
 """
 
 import csv
-import json
 import math
 import os
 
@@ -928,26 +927,14 @@ def write_figures(
     {'training_curves': '/tmp/capsnet_mnist/figures/training_curves.png', ...}
     """
     from capsnet_tf.data.pipeline import load_tfds_split
-    from capsnet_tf.training import load_trained_model
+    from capsnet_tf.training import load_trained_model, read_run_files
 
     unknown = sorted(set(figures) - set(FIGURE_NAMES))
     if unknown:
         raise ValueError(f"Unknown figures {unknown}; choose from {list(FIGURE_NAMES)}")
     output_dir = output_dir or os.path.join(workdir, "figures")  # made by the first figure
     written = {}
-    config_path = os.path.join(workdir, "config.json")
-    if not os.path.exists(config_path):
-        raise FileNotFoundError(
-            f"{config_path} does not exist: is {workdir!r} a work directory of a "
-            "training run (experiments/mnist.py --workdir=...)?"
-        )
-    with open(config_path) as file:
-        config = json.load(file)
-    model_path = os.path.join(workdir, "model.json")
-    model_config = {}
-    if os.path.exists(model_path):
-        with open(model_path) as file:
-            model_config = json.load(file)
+    config, model_config = read_run_files(workdir, require_model=False)
     if _is_multi_target(model_config, config):
         log("MultiMNIST work directory: Figure 5 (two-colour separations) is not "
             "implemented yet (TODO); the other figures assume one digit per image.")
