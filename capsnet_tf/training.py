@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 _MODEL_FIELDS = (
+    "model",
     "dataset",
     "routing_iterations",
     "leaky_routing",
@@ -82,6 +83,19 @@ class ExperimentConfig:
         jit_compile: compile train/eval steps with XLA.
         mixed_precision: `"float32"`, `"bfloat16"` or `"float16"`.
         verbose: Keras verbosity for fit/evaluate (`"auto"`, 0, 1, 2).
+        model: `"capsnet"` or `"baseline"` (the paper's CNN baseline).
+        test_pairs_per_image: MultiMNIST test set size, in pairs per MNIST
+            test image (the paper used 1,000).
+        affnist_path: real affNIST test data to evaluate on (expanded_mnist
+            runs); None: the generated affNIST-style test set.
+        num_trials: models trained with seeds `seed, seed + 1, ...` and
+            evaluated as an ensemble (the official `--num_trials`).
+        strategy: `"default"`, `"mirrored"`, `"multi_worker"` or `"tpu"`.
+        devices: devices for `"mirrored"` (None: all local GPUs, else CPU).
+        tpu: TPU address for `"tpu"`.
+        backup_every_steps: also back up training state every this many
+            steps inside an epoch, so that a killed run loses at most this
+            many steps (None: at epoch ends only).
     """
 
     dataset: str = "mnist"
@@ -109,16 +123,24 @@ class ExperimentConfig:
     jit_compile: bool = False
     mixed_precision: str = "float32"
     verbose: str | int = "auto"
+    model: str = "capsnet"
+    test_pairs_per_image: int = 1
+    affnist_path: str | None = None
+    num_trials: int = 1
+    strategy: str = "default"
+    devices: tuple | None = None
+    tpu: str | None = None
+    backup_every_steps: int | None = 100
 
     def validate(self):
         """Raises `ValueError` naming the first invalid field."""
         positive = ("epochs", "batch_size", "decay_steps", "routing_iterations",
-                    "primary_capsule_types")
+                    "primary_capsule_types", "test_pairs_per_image", "num_trials")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-        for name in ("steps_per_epoch", "eval_examples", "train_examples"):
+        for name in ("steps_per_epoch", "eval_examples", "train_examples", "backup_every_steps"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be None or >= 1. Received: {name}={value!r}")
@@ -135,6 +157,16 @@ class ExperimentConfig:
                 "`mixed_precision` must be float32, bfloat16 or float16. "
                 f"Received: {self.mixed_precision!r}"
             )
+        choices = {
+            "model": ("capsnet", "baseline"),
+            "strategy": ("default", "mirrored", "multi_worker", "tpu"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"`{name}` must be one of {', '.join(allowed)}. "
+                    f"Received: {name}={getattr(self, name)!r}"
+                )
         return self
 
     def to_json(self):
