@@ -23,6 +23,7 @@ import time
 import keras
 
 from capsnet_tf.data.pipeline import make_dataset
+from capsnet_tf.data.spec import DatasetSpec
 from capsnet_tf.losses import MarginLoss, ReconstructionLoss
 from capsnet_tf.models.capsnet import CapsNet
 from capsnet_tf.schedules import FlooredExponentialDecay
@@ -348,31 +349,26 @@ def load_trained_model(workdir, checkpoint="best"):
     return model, config
 
 
-def train_and_evaluate(config, workdir, overwrite=False):
-    """Trains CapsNet as `config` says and evaluates the best checkpoint.
-
-    Args:
-        config: an `ExperimentConfig`.
-        workdir: directory for the configuration, checkpoints and logs. A
-            rerun with the same directory resumes an interrupted run.
-        overwrite: replace a run with a different model in `workdir`.
-
-    Returns:
-        Dict of the final test metrics (`test_accuracy`, `test_error`,
-        `test_loss`, ...), also written to `workdir/results.json`.
-
-    Raises:
-        ValueError: invalid configuration.
-        IncompatibleWorkdirError: `workdir` holds a different model.
-        capsnet_tf.data.DatasetNotFoundError: the data set is missing.
-    """
-    config.validate()
-    os.makedirs(workdir, exist_ok=True)
-    _check_workdir(workdir, config, overwrite)
-    keras.utils.set_random_seed(config.seed)
+def _set_precision(config):
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
     keras.config.set_dtype_policy(policy[config.mixed_precision])
 
+
+def _make_strategy(config):
+    """The `tf.distribute` strategy of `config.strategy`."""
+    # Distribution region (issue 6).
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
+
+
+def _make_datasets(config):
+    """`(train_data, test_data, spec, extra_evaluations)` of `config.dataset`.
+
+    `extra_evaluations` maps a name to a further test set evaluated after
+    training (e.g. affNIST for runs on expanded MNIST).
+    """
+    # Data region (issue 4).
     train_data, info = make_dataset(
         config.dataset,
         "train",
@@ -393,17 +389,21 @@ def train_and_evaluate(config, workdir, overwrite=False):
         reconstruction=config.reconstruction,
         take=config.eval_examples,
     )
-    image_shape = tuple(info.features["image"].shape)
-    num_classes = info.features["label"].num_classes
-    with open(os.path.join(workdir, "config.json"), "w") as file:
-        file.write(config.to_json())
+    spec = DatasetSpec(
+        name=config.dataset,
+        image_shape=tuple(info.features["image"].shape),
+        num_classes=info.features["label"].num_classes,
+        num_examples=info.splits["train"].num_examples,
+    )
+    return train_data, test_data, spec, {}
 
-    model = compile_model(build_model(config, image_shape, num_classes), config)
-    with open(os.path.join(workdir, "model.json"), "w") as file:
-        json.dump(model.get_config(), file, indent=2)
+
+def _make_callbacks(config, workdir, spec):
+    """Checkpointing, logging and safety callbacks of a training run."""
+    # Recovery region (issue 6).
     checkpoints = os.path.join(workdir, "checkpoints")
     os.makedirs(checkpoints, exist_ok=True)
-    train_examples = config.train_examples or info.splits["train"].num_examples
+    train_examples = config.train_examples or spec.num_examples
     csv_log = os.path.join(workdir, "training_log.csv")
     callbacks = [
         # Kept after the last epoch, so that rerunning a finished run neither
@@ -442,6 +442,42 @@ def train_and_evaluate(config, workdir, overwrite=False):
                 max_images=16,
             )
         )
+    return callbacks
+
+
+def train_and_evaluate(config, workdir, overwrite=False):
+    """Trains CapsNet as `config` says and evaluates the best checkpoint.
+
+    Args:
+        config: an `ExperimentConfig`.
+        workdir: directory for the configuration, checkpoints and logs. A
+            rerun with the same directory resumes an interrupted run.
+        overwrite: replace a run with a different model in `workdir`.
+
+    Returns:
+        Dict of the final test metrics (`test_accuracy`, `test_error`,
+        `test_loss`, ...), also written to `workdir/results.json`.
+
+    Raises:
+        ValueError: invalid configuration.
+        IncompatibleWorkdirError: `workdir` holds a different model.
+        capsnet_tf.data.DatasetNotFoundError: the data set is missing.
+    """
+    config.validate()
+    os.makedirs(workdir, exist_ok=True)
+    _check_workdir(workdir, config, overwrite)
+    keras.utils.set_random_seed(config.seed)
+    _set_precision(config)
+    strategy = _make_strategy(config)
+    train_data, test_data, spec, extra_evaluations = _make_datasets(config)
+    with open(os.path.join(workdir, "config.json"), "w") as file:
+        file.write(config.to_json())
+
+    with strategy.scope():
+        model = compile_model(build_model(config, spec.image_shape, spec.num_classes), config)
+    with open(os.path.join(workdir, "model.json"), "w") as file:
+        json.dump(model.get_config(), file, indent=2)
+    callbacks = _make_callbacks(config, workdir, spec)
     start = time.perf_counter()
     history = model.fit(
         train_data,
@@ -454,7 +490,7 @@ def train_and_evaluate(config, workdir, overwrite=False):
     )
     train_seconds = time.perf_counter() - start
 
-    best = os.path.join(checkpoints, "best.weights.h5")
+    best = os.path.join(workdir, "checkpoints", "best.weights.h5")
     if os.path.exists(best):
         model.load_weights(best)
     metrics = model.evaluate(test_data, return_dict=True, verbose=config.verbose)
@@ -471,6 +507,9 @@ def train_and_evaluate(config, workdir, overwrite=False):
             for name, values in history.history.items()
         },
     }
+    for name, dataset in extra_evaluations.items():
+        extra = model.evaluate(dataset, return_dict=True, verbose=config.verbose)
+        results[f"{name}_accuracy"] = float(extra["length_accuracy"])
     with open(os.path.join(workdir, "results.json"), "w") as file:
         json.dump(results, file, indent=2, sort_keys=True)
     return results
