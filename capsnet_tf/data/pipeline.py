@@ -7,7 +7,6 @@ message that says which data set, where TFDS looked and how to point it at a
 copy.
 """
 
-import glob
 import os
 
 import tensorflow as tf
@@ -54,15 +53,9 @@ def load_tfds_split(name, split, data_dir=None):
 
     data_dir = resolve_data_dir(data_dir)
     base_name = name.split(":")[0]
-    if not glob.glob(os.path.join(data_dir, base_name, "*", "dataset_info.json")):
-        raise DatasetNotFoundError(
-            f"TensorFlow-Datasets data set {base_name!r} was not found in "
-            f"{data_dir!r} (looked for {os.path.join(data_dir, base_name, '<version>')}). "
-            "This project never downloads data: prepare it once with "
-            f"`tfds build {base_name}` on a machine with internet access, or point "
-            "TFDS at an existing copy with `export TFDS_DATA_DIR=/path/to/tensorflow_datasets` "
-            "(or the --data_dir flag)."
-        )
+    # No look at the files first: TFDS itself says when the data are missing
+    # (AssertionError "could not find data", or an unknown name or version),
+    # and `tfds.testing.mock_data` can then serve a data set without files.
     try:
         dataset, info = tfds.load(
             name,
@@ -74,9 +67,14 @@ def load_tfds_split(name, split, data_dir=None):
             shuffle_files=False,
         )
     except (AssertionError, tfds.core.registered.DatasetNotFoundError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise DatasetNotFoundError(
-            f"TensorFlow-Datasets could not load {name!r} split {split!r} from "
-            f"{data_dir!r}: {error}"
+            f"TensorFlow-Datasets data set {base_name!r} was not found in "
+            f"{data_dir!r} (looked for {os.path.join(data_dir, base_name, '<version>')}). "
+            "This project never downloads data: prepare it once with "
+            f"`tfds build {base_name}` on a machine with internet access, or point "
+            "TFDS at an existing copy with `export TFDS_DATA_DIR=/path/to/tensorflow_datasets` "
+            f"(or the --data_dir flag). TFDS said, loading split {split!r}: {reason}"
         ) from None
     return dataset, info
 
