@@ -13,24 +13,30 @@ from capsnet_tf.losses import (
     margin_loss,
     reconstruction_loss,
 )
-from capsnet_tf.models import PRESETS, CapsNet
+from capsnet_tf.ensemble import ensemble_scores, evaluate_ensemble
+from capsnet_tf.metrics import MultiLabelAccuracy
+from capsnet_tf.models import PRESETS, BaselineCNN, CapsNet
 from capsnet_tf.ops import safe_norm, squash
 from capsnet_tf.schedules import FlooredExponentialDecay
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BaselineCNN",
     "CapsNet",
     "CapsuleLayer",
     "FlooredExponentialDecay",
     "Length",
     "MarginLoss",
     "Mask",
+    "MultiLabelAccuracy",
     "PRESETS",
     "PrimaryCapsule",
     "RECONSTRUCTION_WEIGHT",
     "ReconstructionLoss",
     "dynamic_routing",
+    "ensemble_scores",
+    "evaluate_ensemble",
     "margin_loss",
     "reconstruction_loss",
     "safe_norm",

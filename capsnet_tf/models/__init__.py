@@ -1,5 +1,6 @@
 """CapsNet models."""
 
+from capsnet_tf.models.baseline import BaselineCNN
 from capsnet_tf.models.capsnet import PRESETS, CapsNet
 
-__all__ = ["CapsNet", "PRESETS"]
+__all__ = ["BaselineCNN", "CapsNet", "PRESETS"]

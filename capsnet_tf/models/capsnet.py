@@ -3,6 +3,7 @@
 import math
 
 import keras
+from keras import ops
 
 from capsnet_tf.layers.capsule_layer import CapsuleLayer
 from capsnet_tf.layers.length import Length
@@ -35,6 +36,14 @@ PRESETS = {
             "official_primary_scaling": True,
         },
     },
+    "multi_mnist": {
+        "metadata": {
+            "description": "The paper's MultiMNIST CapsNet (36x36x1, two overlapping "
+            "digits, each reconstructed by the shared decoder).",
+            "params": 11_361_968,
+        },
+        "config": {"image_shape": (36, 36, 1), "num_classes": 10, "num_targets": 2},
+    },
 }
 
 
@@ -60,6 +69,12 @@ class CapsNet(keras.Model):
     training, the longest otherwise. `inference_model()` returns a model that
     shares these weights and takes the image alone.
 
+    With `num_targets=k > 1` (MultiMNIST) the `label` input holds `k` class
+    ids per example, `[batch, k]`; the same decoder, with the same weights,
+    reconstructs each target's masked copy, giving `"reconstruction": [batch,
+    k, H, W, C]` (at inference the `k` longest capsules, longest first). The
+    weights, their names and the parameter count do not depend on `k`.
+
     Args:
         image_shape: `(height, width, channels)` of the input images.
         num_classes: number of classes (= output capsules).
@@ -81,6 +96,8 @@ class CapsNet(keras.Model):
         initializer: `"keras"` (default: Glorot uniform / zeros; the capsule
             kernel truncated normal 0.1) or `"official"` (the official
             release's truncated normal 0.1, first convolution 0.05, biases 0.1).
+        num_targets: objects per image to reconstruct: 1, or 2 for the
+            two-digit MultiMNIST model.
         **kwargs: `keras.Model` arguments such as `name`.
 
     Call arguments:
@@ -122,6 +139,7 @@ class CapsNet(keras.Model):
         reconstruction=True,
         official_primary_scaling=False,
         initializer="keras",
+        num_targets=1,
         **kwargs,
     ):
         if initializer not in _INITIALIZERS:
@@ -138,6 +156,15 @@ class CapsNet(keras.Model):
         if not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(
                 f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}"
+            )
+        if (
+            not isinstance(num_targets, int)
+            or isinstance(num_targets, bool)
+            or not 1 <= num_targets < num_classes
+        ):
+            raise ValueError(
+                "`num_targets` must be an integer >= 1 and < num_classes. "
+                f"Received: num_targets={num_targets!r}, num_classes={num_classes}"
             )
         decoder_units = tuple(int(units) for units in decoder_units)
         low_precision = keras.config.dtype_policy().compute_dtype in ("float16", "bfloat16")
@@ -180,7 +207,7 @@ class CapsNet(keras.Model):
         )
         self.length = Length(dtype=precise_dtype, name="length")
         if reconstruction:
-            self.mask = Mask(name="mask")
+            self.mask = Mask(num_targets=None if num_targets == 1 else num_targets, name="mask")
             decoder_layers = [keras.layers.Flatten()]
             for units in decoder_units:
                 kernel, bias = _initializers(initializer, 0.1)
@@ -208,9 +235,10 @@ class CapsNet(keras.Model):
         capsules = self._capsules(image)
         outputs = {"length": self.length(capsules)}
         if reconstruction:
-            label = keras.Input(shape=(), dtype="int32", name="label")
+            label_shape = () if num_targets == 1 else (num_targets,)
+            label = keras.Input(shape=label_shape, dtype="int32", name="label")
             inputs["label"] = label
-            outputs["reconstruction"] = self.decoder(self.mask(capsules, label))
+            outputs["reconstruction"] = self._decode(self.mask(capsules, label), num_targets)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
         # === Config ===
@@ -230,9 +258,22 @@ class CapsNet(keras.Model):
         self.reconstruction = reconstruction
         self.official_primary_scaling = official_primary_scaling
         self.initializer = initializer
+        self.num_targets = num_targets
 
     def _capsules(self, image):
         return self.class_capsules(self.primary_capsules(self.conv(image)))
+
+    def _decode(self, masked, num_targets):
+        """The decoder on each target's masked copy: `[b, k, ...]` -> `[b, k, H, W, C]`.
+
+        The `k` copies are folded into the batch, `[b * k, classes, dim]`, so
+        one decoder (the same layers and weights as for one target) sees them.
+        """
+        if num_targets == 1:
+            return self.decoder(masked)
+        folded = ops.reshape(masked, (-1,) + tuple(masked.shape[2:]))
+        images = self.decoder(folded)
+        return ops.reshape(images, (-1, num_targets) + tuple(images.shape[1:]))
 
     def inference_model(self, name=None):
         """A model sharing this model's weights that takes the image alone.
@@ -244,13 +285,14 @@ class CapsNet(keras.Model):
             A functional `keras.Model` mapping `[batch, H, W, C]` images to
             `{"length": [batch, classes], "capsules": [batch, classes, dim]}`
             and, when the model reconstructs, `"reconstruction"` from the
-            longest capsule.
+            longest capsule (`[batch, k, H, W, C]` from the `k` longest, in
+            order of length, when `num_targets=k > 1`).
         """
         image = keras.Input(shape=self.image_shape, name="image")
         capsules = self._capsules(image)
         outputs = {"length": self.length(capsules), "capsules": capsules}
         if self.reconstruction:
-            outputs["reconstruction"] = self.decoder(self.mask(capsules))
+            outputs["reconstruction"] = self._decode(self.mask(capsules), self.num_targets)
         return keras.Model(image, outputs, name=name or f"{self.name}_inference")
 
     @classmethod
@@ -282,6 +324,7 @@ class CapsNet(keras.Model):
             "reconstruction": self.reconstruction,
             "official_primary_scaling": self.official_primary_scaling,
             "initializer": self.initializer,
+            "num_targets": self.num_targets,
         }
 
     @classmethod
