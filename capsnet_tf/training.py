@@ -6,9 +6,12 @@ can be called from a notebook the same way. The work directory holds:
 - `config.json`: the resolved `ExperimentConfig`;
 - `model.json`: the `CapsNet` configuration (`CapsNet.from_config`);
 - `checkpoints/latest.weights.h5` (every epoch) and
-  `checkpoints/best.weights.h5` (best test accuracy so far);
-- `backup/`: Keras `BackupAndRestore` state (weights, optimizer, epoch) so
-  that rerunning the same command after an interruption resumes;
+  `checkpoints/best.weights.h5` (best test accuracy so far): model weights
+  only, each written atomically (`capsnet_tf.callbacks`);
+- `backup/`: the training state (weights, optimizer, epoch and step), saved
+  every epoch and every `backup_every_steps` steps, with the one before it, so
+  that rerunning the same command after an interruption (even SIGKILL)
+  resumes where it stopped and runs the same number of steps in all;
 - `logs/`: TensorBoard, with the reconstructions of 16 test images drawn
   every epoch (`logs/reconstructions`); `training_log.csv`: one row per epoch;
 - `results.json`: the final evaluation of the best checkpoint.
@@ -22,8 +25,14 @@ import time
 
 import keras
 
-from capsnet_tf.data.pipeline import make_dataset
-from capsnet_tf.data.spec import DatasetSpec
+from capsnet_tf.callbacks import (
+    DivergenceGuard,
+    TrainingStateBackup,
+    WeightsCheckpoint,
+    load_weights,
+)
+from capsnet_tf.data.registry import DATASETS, load_experiment_data
+from capsnet_tf.distribute import make_strategy, prepare_model, shard_by_data, worker_workdir
 from capsnet_tf.losses import MarginLoss, ReconstructionLoss
 from capsnet_tf.models.capsnet import CapsNet
 from capsnet_tf.schedules import FlooredExponentialDecay
@@ -34,8 +43,11 @@ __all__ = [
     "build_model",
     "compile_model",
     "load_trained_model",
+    "accuracy_key",
     "read_run_files",
+    "score_output",
     "train_and_evaluate",
+    "train_ensemble",
 ]
 
 _MODEL_FIELDS = (
@@ -161,6 +173,7 @@ class ExperimentConfig:
         choices = {
             "model": ("capsnet", "baseline"),
             "strategy": ("default", "mirrored", "multi_worker", "tpu"),
+            "dataset": tuple(name for name in DATASETS if name != "affnist"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -168,14 +181,35 @@ class ExperimentConfig:
                     f"`{name}` must be one of {', '.join(allowed)}. "
                     f"Received: {name}={getattr(self, name)!r}"
                 )
+        if self.num_trials > 1 and self.strategy == "multi_worker":
+            raise ValueError(
+                "`num_trials` > 1 (an ensemble) cannot run under the multi_worker "
+                "strategy: train the members as separate multi-worker runs with "
+                "different --seed values instead."
+            )
         return self
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
 
-def build_model(config, image_shape, num_classes):
-    """The CapsNet of `config` for images of `image_shape`."""
+def build_model(config, image_shape, num_classes, num_targets=1):
+    """The model of `config` (CapsNet or the baseline CNN) for these images.
+
+    Args:
+        config: an `ExperimentConfig`.
+        image_shape: `(height, width, channels)`.
+        num_classes: number of classes.
+        num_targets: labels per image (2 for MultiMNIST; CapsNet only).
+
+    Returns:
+        An uncompiled `CapsNet` or `BaselineCNN`.
+    """
+    if config.model == "baseline":
+        from capsnet_tf.models.baseline import BaselineCNN
+
+        return BaselineCNN(image_shape=image_shape, num_classes=num_classes, name="baseline")
+    options = {"num_targets": num_targets} if num_targets != 1 else {}
     return CapsNet(
         image_shape=image_shape,
         num_classes=num_classes,
@@ -187,37 +221,109 @@ def build_model(config, image_shape, num_classes):
         official_primary_scaling=config.official_primary_scaling,
         initializer=config.initializer,
         name="capsnet",
+        **options,
     )
 
 
-def compile_model(model, config):
-    """Compiles with Adam, the floored decay, the margin and reconstruction losses."""
+def score_output(model_kind):
+    """The output holding class scores: `"length"` (CapsNet) or `"logits"`."""
+    return "logits" if model_kind == "baseline" else "length"
+
+
+def accuracy_key(config):
+    """The key of the accuracy in Keras logs for the model of `config`.
+
+    Keras prefixes metrics with the output name only when the model has
+    several outputs: `"length_accuracy"` for CapsNet with its decoder,
+    `"accuracy"` for CapsNet without one and for the baseline CNN.
+    """
+    if config.model == "capsnet" and config.reconstruction:
+        return "length_accuracy"
+    return "accuracy"
+
+
+def compile_model(model, config, num_targets=1):
+    """Compiles with Adam and the floored decay, and the losses of the model.
+
+    CapsNet: margin loss on `length` (+ weighted reconstruction loss);
+    accuracy, or for two targets the official "correct" (`accuracy`: both
+    labels are the two longest capsules) and "almost" (`accuracy_any`).
+    Baseline CNN: softmax cross-entropy on `logits`, accuracy.
+    """
     schedule = FlooredExponentialDecay(
         config.learning_rate,
         config.decay_steps,
         config.decay_rate,
         config.minimum_learning_rate,
     )
-    loss = {"length": MarginLoss(class_reduction=config.margin_class_reduction)}
-    loss_weights = {"length": 1.0}
-    if config.reconstruction:
-        loss["reconstruction"] = ReconstructionLoss()
-        loss_weights["reconstruction"] = config.reconstruction_weight
+    if config.model == "baseline":
+        loss = {"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
+        loss_weights = {"logits": 1.0}
+        metrics = {"logits": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]}
+    else:
+        loss = {"length": MarginLoss(class_reduction=config.margin_class_reduction)}
+        loss_weights = {"length": 1.0}
+        if config.reconstruction:
+            loss["reconstruction"] = ReconstructionLoss()
+            loss_weights["reconstruction"] = config.reconstruction_weight
+        if num_targets == 1:
+            metrics = {"length": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]}
+        else:
+            from capsnet_tf.metrics import MultiLabelAccuracy
+
+            metrics = {
+                "length": [
+                    MultiLabelAccuracy(mode="all", name="accuracy"),
+                    MultiLabelAccuracy(mode="any", name="accuracy_any"),
+                ]
+            }
     # epsilon 1e-8: TensorFlow 1's AdamOptimizer default, used by the official release.
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate=schedule, epsilon=1e-8),
         loss=loss,
         loss_weights=loss_weights,
-        metrics={"length": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]},
+        metrics=metrics,
         jit_compile=config.jit_compile,
     )
     return model
 
 
+# What a run writes into its work directory; `--overwrite` removes these only.
+_RUN_FILES = (
+    "config.json",
+    "model.json",
+    "results.json",
+    "training_log.csv",
+    "checkpoints",
+    "backup",
+    "logs",
+)
+
+
+def _remove_run_files(workdir):
+    """Deletes the files of an earlier run (and nothing else) from `workdir`."""
+    import shutil
+
+    for name in _RUN_FILES:
+        path = os.path.join(workdir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
 def _check_workdir(workdir, config, overwrite):
-    """Refuses a work directory whose saved run has a different model."""
+    """Refuses a work directory whose saved run has a different model.
+
+    With `overwrite`, the earlier run's files (`_RUN_FILES`) are deleted so
+    that the new run starts from scratch instead of resuming a backup of
+    another model; other files in the directory are left alone.
+    """
     path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path) or overwrite:
+    if not os.path.exists(path):
+        return
+    if overwrite:
+        _remove_run_files(workdir)
         return
     try:
         with open(path) as file:
@@ -322,9 +428,9 @@ def load_trained_model(workdir, checkpoint="best"):
         checkpoint: `"best"` or `"latest"`.
 
     Returns:
-        `(model, config)`: the training `CapsNet` with the weights loaded (call
-        `model.inference_model()` for the image-only model) and the
-        `ExperimentConfig` of the run.
+        `(model, config)`: the training `CapsNet` (or `BaselineCNN`) with the
+        weights loaded (call `model.inference_model()` for the image-only
+        model) and the `ExperimentConfig` of the run.
 
     Raises:
         FileNotFoundError: no `config.json` or no such checkpoint, named.
@@ -338,13 +444,19 @@ def load_trained_model(workdir, checkpoint="best"):
         raise FileNotFoundError(_not_a_run_message(weights_path, workdir))
     known = {field.name for field in dataclasses.fields(ExperimentConfig)}
     config = ExperimentConfig(**{k: v for k, v in saved.items() if k in known})
-    model = CapsNet.from_config(model_config)
+    if config.model == "baseline":
+        from capsnet_tf.models.baseline import BaselineCNN
+
+        model = BaselineCNN.from_config(model_config)
+    else:
+        model = CapsNet.from_config(model_config)
     try:
-        model.load_weights(weights_path)
-    except Exception as error:
+        load_weights(model, weights_path)
+    except ValueError as error:  # CheckpointError: truncated, corrupted, other model
+        other = "latest" if checkpoint == "best" else "best"
         raise ValueError(
-            f"Cannot load the checkpoint {weights_path}: {error}. The file may be "
-            "truncated or from a different model; try checkpoint='latest' or retrain."
+            f"Cannot load the checkpoint: {error} Try the {other} checkpoint "
+            f"(checkpoint='{other}', --checkpoint={other}) or train again."
         ) from None
     return model, config
 
@@ -355,11 +467,9 @@ def _set_precision(config):
 
 
 def _make_strategy(config):
-    """The `tf.distribute` strategy of `config.strategy`."""
+    """The `tf.distribute` strategy of `config.strategy` (`capsnet_tf.distribute`)."""
     # Distribution region (issue 6).
-    import tensorflow as tf
-
-    return tf.distribute.get_strategy()
+    return make_strategy(config.strategy, config.devices, config.tpu)
 
 
 def _make_datasets(config):
@@ -369,33 +479,46 @@ def _make_datasets(config):
     training (e.g. affNIST for runs on expanded MNIST).
     """
     # Data region (issue 4).
-    train_data, info = make_dataset(
-        config.dataset,
-        "train",
-        config.batch_size,
-        training=True,
-        shift=config.shift,
+    reconstruction = config.reconstruction and config.model == "capsnet"
+    common = dict(
+        batch_size=config.batch_size,
         seed=config.seed,
+        shift=config.shift,
         data_dir=config.data_dir,
-        reconstruction=config.reconstruction,
-        take=config.train_examples,
+        reconstruction=reconstruction,
+        test_pairs_per_image=config.test_pairs_per_image,
     )
-    test_data, _ = make_dataset(
-        config.dataset,
-        "test",
-        config.batch_size,
-        training=False,
-        data_dir=config.data_dir,
-        reconstruction=config.reconstruction,
-        take=config.eval_examples,
+    train_data, spec = load_experiment_data(
+        config.dataset, "train", training=True, take=config.train_examples, **common
     )
-    spec = DatasetSpec(
-        name=config.dataset,
-        image_shape=tuple(info.features["image"].shape),
-        num_classes=info.features["label"].num_classes,
-        num_examples=info.splits["train"].num_examples,
+    test_data, _ = load_experiment_data(
+        config.dataset, "test", training=False, take=config.eval_examples, **common
     )
-    return train_data, test_data, spec, {}
+    extra_evaluations = {}
+    if config.dataset == "expanded_mnist":
+        extra_evaluations["affnist"], _ = load_experiment_data(
+            "affnist",
+            "test",
+            training=False,
+            take=config.eval_examples,
+            affnist_path=config.affnist_path,
+            **common,
+        )
+    if config.model == "baseline":
+        if spec.num_targets != 1:
+            raise ValueError(
+                f"The baseline CNN classifies one object per image; {config.dataset!r} "
+                f"has {spec.num_targets} labels per image. Use --model=capsnet."
+            )
+        train_data, test_data = (_baseline_targets(d) for d in (train_data, test_data))
+        extra_evaluations = {k: _baseline_targets(d) for k, d in extra_evaluations.items()}
+    return train_data, test_data, spec, extra_evaluations
+
+
+def _baseline_targets(dataset):
+    """Renames the `length` target to the baseline CNN's `logits` output."""
+    return dataset.map(lambda inputs, targets: ({"image": inputs["image"]},
+                                                {"logits": targets["length"]}))
 
 
 def _make_callbacks(config, workdir, spec):
@@ -405,35 +528,48 @@ def _make_callbacks(config, workdir, spec):
     os.makedirs(checkpoints, exist_ok=True)
     train_examples = config.train_examples or spec.num_examples
     csv_log = os.path.join(workdir, "training_log.csv")
+    monitor = "val_" + accuracy_key(config)
+    # Kept after the last epoch, so that rerunning a finished run neither
+    # trains again nor replaces its best checkpoint. Last in the list: an
+    # epoch counts as done only once its checkpoints and log row are written.
+    backup = TrainingStateBackup(
+        os.path.join(workdir, "backup"),
+        save_every_steps=config.backup_every_steps,
+        csv_log=csv_log,
+    )
     callbacks = [
-        # Kept after the last epoch, so that rerunning a finished run neither
-        # trains again nor replaces its best checkpoint.
-        # double_checkpoint: a backup broken by a kill while saving falls
-        # back to the one before it.
-        keras.callbacks.BackupAndRestore(
-            os.path.join(workdir, "backup"), delete_checkpoint=False, double_checkpoint=True
+        # First: a NaN loss stops training before any callback saves that step.
+        DivergenceGuard(
+            backup=backup,
+            advice=(
+                "Lower --learning_rate (or check the input data) and run again with "
+                "the same --workdir: training continues from the last backup."
+            ),
         ),
-        keras.callbacks.ModelCheckpoint(
-            os.path.join(checkpoints, "latest.weights.h5"), save_weights_only=True
-        ),
-        keras.callbacks.ModelCheckpoint(
+        # Model weights only (no optimizer state), written atomically.
+        WeightsCheckpoint(os.path.join(checkpoints, "latest.weights.h5")),
+        WeightsCheckpoint(
             os.path.join(checkpoints, "best.weights.h5"),
-            save_weights_only=True,
-            save_best_only=True,
-            monitor="val_length_accuracy",
+            monitor=monitor,
             mode="max",
             # A resumed run keeps the best of the epochs before the interruption.
-            initial_value_threshold=_best_logged(csv_log, "val_length_accuracy"),
+            initial_value_threshold=_best_logged(csv_log, monitor),
         ),
         _EpochTimer(config.batch_size, train_examples),
         keras.callbacks.CSVLogger(csv_log, append=True),
         keras.callbacks.TensorBoard(os.path.join(workdir, "logs"), update_freq="epoch"),
-        keras.callbacks.TerminateOnNaN(),
     ]
-    if config.reconstruction:
+    if config.reconstruction and config.model == "capsnet":
         from capsnet_tf.visualization import ReconstructionImages, load_test_images
 
-        sample_images, sample_labels = load_test_images(config.dataset, 16, config.data_dir)
+        sample_images, sample_labels = load_test_images(
+            config.dataset,
+            16,
+            config.data_dir,
+            seed=config.seed,
+            test_pairs_per_image=config.test_pairs_per_image,
+            shift=config.shift,
+        )
         callbacks.append(
             ReconstructionImages(
                 sample_images,
@@ -442,6 +578,7 @@ def _make_callbacks(config, workdir, spec):
                 max_images=16,
             )
         )
+    callbacks.append(backup)
     return callbacks
 
 
@@ -462,19 +599,32 @@ def train_and_evaluate(config, workdir, overwrite=False):
         ValueError: invalid configuration.
         IncompatibleWorkdirError: `workdir` holds a different model.
         capsnet_tf.data.DatasetNotFoundError: the data set is missing.
+        capsnet_tf.callbacks.TrainingDivergedError: the loss became NaN or
+            infinite; the message names the step. Checkpoints and backup
+            hold the last good state.
+        capsnet_tf.callbacks.CheckpointError: no backup can be restored
+            (all truncated or corrupted); nothing was changed.
     """
     config.validate()
+    # First: multi_worker and several CPU devices need TensorFlow not yet started.
+    strategy = _make_strategy(config)
+    # Workers other than the chief write their own copy elsewhere.
+    workdir = worker_workdir(workdir, strategy)
     os.makedirs(workdir, exist_ok=True)
     _check_workdir(workdir, config, overwrite)
     keras.utils.set_random_seed(config.seed)
     _set_precision(config)
-    strategy = _make_strategy(config)
     train_data, test_data, spec, extra_evaluations = _make_datasets(config)
+    # Under multi_worker every worker reads the same batches and keeps its share.
+    train_data, test_data = shard_by_data(train_data), shard_by_data(test_data)
+    extra_evaluations = {name: shard_by_data(data) for name, data in extra_evaluations.items()}
     with open(os.path.join(workdir, "config.json"), "w") as file:
         file.write(config.to_json())
 
     with strategy.scope():
-        model = compile_model(build_model(config, spec.image_shape, spec.num_classes), config)
+        model = build_model(config, spec.image_shape, spec.num_classes, spec.num_targets)
+        model = compile_model(model, config, spec.num_targets)
+    prepare_model(model, strategy, train_data.element_spec)
     with open(os.path.join(workdir, "model.json"), "w") as file:
         json.dump(model.get_config(), file, indent=2)
     callbacks = _make_callbacks(config, workdir, spec)
@@ -492,9 +642,9 @@ def train_and_evaluate(config, workdir, overwrite=False):
 
     best = os.path.join(workdir, "checkpoints", "best.weights.h5")
     if os.path.exists(best):
-        model.load_weights(best)
+        load_weights(model, best)  # model weights only; a broken file is named
     metrics = model.evaluate(test_data, return_dict=True, verbose=config.verbose)
-    accuracy = float(metrics["length_accuracy"])
+    accuracy = float(metrics[accuracy_key(config)])
     results = {
         "test_accuracy": accuracy,
         "test_error": 1.0 - accuracy,
@@ -509,7 +659,67 @@ def train_and_evaluate(config, workdir, overwrite=False):
     }
     for name, dataset in extra_evaluations.items():
         extra = model.evaluate(dataset, return_dict=True, verbose=config.verbose)
-        results[f"{name}_accuracy"] = float(extra["length_accuracy"])
+        results[f"{name}_accuracy"] = float(extra[accuracy_key(config)])
+    with open(os.path.join(workdir, "results.json"), "w") as file:
+        json.dump(results, file, indent=2, sort_keys=True)
+    return results
+
+
+def train_ensemble(config, workdir, overwrite=False):
+    """Trains `config.num_trials` models and evaluates them as an ensemble.
+
+    The official release's `--num_trials`: trial `i` is an ordinary run
+    (`train_and_evaluate`) with seed `config.seed + i` in `workdir/trial_<i>`;
+    the ensemble's class scores are the mean of the members' scores (CapsNet:
+    capsule lengths; baseline: softmax probabilities), evaluated on the test
+    set. Rerunning resumes unfinished trials and skips finished ones.
+
+    Args:
+        config: an `ExperimentConfig` with `num_trials >= 1`.
+        workdir: parent directory of the trials' work directories.
+        overwrite: passed to every trial.
+
+    Returns:
+        Dict with `test_accuracy` (the ensemble's), `member_accuracies`,
+        `test_error`, and `trials` (each trial's results), also written to
+        `workdir/results.json`.
+    """
+    from capsnet_tf.ensemble import evaluate_ensemble
+
+    config.validate()
+    os.makedirs(workdir, exist_ok=True)
+    _check_workdir(workdir, config, overwrite)
+    with open(os.path.join(workdir, "config.json"), "w") as file:
+        file.write(config.to_json())
+    trials = []
+    for trial in range(config.num_trials):
+        trial_config = dataclasses.replace(config, seed=config.seed + trial, num_trials=1)
+        trial_dir = os.path.join(workdir, f"trial_{trial}")
+        trials.append(train_and_evaluate(trial_config, trial_dir, overwrite=overwrite))
+    models = [
+        load_trained_model(os.path.join(workdir, f"trial_{trial}"))[0]
+        for trial in range(config.num_trials)
+    ]
+    test_data, spec = load_experiment_data(
+        config.dataset,
+        "test",
+        config.batch_size,
+        training=False,
+        seed=config.seed,
+        shift=config.shift,
+        data_dir=config.data_dir,
+        reconstruction=False,
+        take=config.eval_examples,
+        test_pairs_per_image=config.test_pairs_per_image,
+    )
+    ensemble = evaluate_ensemble(models, test_data, reduction="mean", num_targets=spec.num_targets)
+    results = {
+        "test_accuracy": float(ensemble["ensemble_accuracy"]),
+        "test_error": 1.0 - float(ensemble["ensemble_accuracy"]),
+        "member_accuracies": [float(value) for value in ensemble["member_accuracies"]],
+        "num_trials": config.num_trials,
+        "trials": trials,
+    }
     with open(os.path.join(workdir, "results.json"), "w") as file:
         json.dump(results, file, indent=2, sort_keys=True)
     return results

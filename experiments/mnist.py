@@ -27,7 +27,32 @@ _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace a run with a different model configuration in --workdir."
 )
 _DATASET = flags.DEFINE_enum(
-    "dataset", "mnist", ["mnist", "fashion_mnist"], "TensorFlow-Datasets data set."
+    "dataset",
+    "mnist",
+    ["mnist", "fashion_mnist", "multi_mnist", "expanded_mnist", "cifar10", "smallnorb"],
+    "Data set: TFDS mnist / fashion_mnist / cifar10 / smallnorb, or generated from "
+    "MNIST: multi_mnist (two overlapping digits, 36x36), expanded_mnist (40x40, "
+    "shifted; also evaluated on an affNIST-style test set).",
+)
+_MODEL = flags.DEFINE_enum(
+    "model", "capsnet", ["capsnet", "baseline"], "CapsNet or the paper's baseline CNN."
+)
+_TEST_PAIRS_PER_IMAGE = flags.DEFINE_integer(
+    "test_pairs_per_image",
+    1,
+    "multi_mnist: test pairs per MNIST test image (the paper used 1000).",
+    lower_bound=1,
+)
+_AFFNIST_PATH = flags.DEFINE_string(
+    "affnist_path",
+    None,
+    "expanded_mnist: real affNIST test data (test.mat or .npz) instead of the generated set.",
+)
+_NUM_TRIALS = flags.DEFINE_integer(
+    "num_trials",
+    1,
+    "Train this many models (seeds seed, seed+1, ...) and evaluate their ensemble.",
+    lower_bound=1,
 )
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "TFDS data directory (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)."
@@ -68,6 +93,12 @@ _OFFICIAL_PRIMARY_SCALING = flags.DEFINE_bool(
 _INITIALIZER = flags.DEFINE_enum(
     "initializer", "keras", ["keras", "official"], "Weight initialisers."
 )
+_PADDING = flags.DEFINE_enum(
+    "padding", "valid", ["valid", "same"], "Padding of both convolutions (CIFAR-10: same)."
+)
+_PRIMARY_CAPSULE_TYPES = flags.DEFINE_integer(
+    "primary_capsule_types", 32, "Capsule maps in PrimaryCaps (CIFAR-10: 64).", lower_bound=1
+)
 _SHIFT = flags.DEFINE_integer(
     "shift", 2, "Maximum random shift of training images, pixels.", lower_bound=0
 )
@@ -88,27 +119,89 @@ _MIXED_PRECISION = flags.DEFINE_enum(
 _VERBOSE = flags.DEFINE_enum(
     "verbose", "auto", ["auto", "0", "1", "2"], "Keras verbosity: 1 progress bar, 2 one line/epoch."
 )
+_BACKUP_EVERY_STEPS = flags.DEFINE_integer(
+    "backup_every_steps", 100,
+    "Also back up the training state every this many steps inside an epoch (besides every "
+    "epoch end), so that a killed run, rerun with the same command, loses at most that many.",
+    lower_bound=1,
+)
+_STRATEGY = flags.DEFINE_enum(
+    "strategy",
+    "default",
+    ["default", "mirrored", "multi_worker", "tpu"],
+    "Distribution: default (one device); mirrored (all local GPUs, or --devices; one CPU "
+    "replica without either); multi_worker (one process per machine, cluster from "
+    "$TF_CONFIG); tpu (--tpu). --batch_size is the global batch, split across replicas.",
+)
+_DEVICES = flags.DEFINE_list(
+    "devices",
+    None,
+    "--strategy=mirrored only: devices to train on, e.g. /gpu:0,/gpu:1 (or /cpu:0,/cpu:1 "
+    "to split the CPU into logical devices). Default: all local GPUs.",
+)
+_TPU = flags.DEFINE_string(
+    "tpu",
+    None,
+    "--strategy=tpu only: TPU name or grpc://host:port address, or 'local' on a TPU VM "
+    "(default: $TPU_NAME or the local TPU).",
+)
 
 
 def resolve_flagfiles(argv, search_dir=_HERE):
-    """Rewrites `--flagfile=NAME` to this script's folder when NAME is not found."""
-    resolved = []
+    """Expands `--flagfile=NAME` arguments, nested ones included, in place.
+
+    NAME is looked up in the current directory, then next to the flagfile
+    that names it (for nested flagfiles), then in `search_dir` (this
+    script's folder), so `--flagfile=multi_mnist.flags`, which itself starts
+    with `--flagfile=mnist.flags`, works from the repository root and from
+    `experiments/`. Each flagfile's flags take its place in the argument
+    list, so later flags override earlier ones as absl's own flagfiles do.
+    A flagfile that cannot be found is left as it is for absl to report.
+    """
+    return _expand_flagfiles(argv, [search_dir], depth=0)
+
+
+def _expand_flagfiles(argv, search_dirs, depth):
+    if depth > 10:
+        raise app.UsageError("Flagfiles include each other more than 10 levels deep.")
+    expanded = []
     for argument in argv:
-        for prefix in ("--flagfile=", "-flagfile="):
-            if argument.startswith(prefix):
-                path = argument[len(prefix):]
-                fallback = os.path.join(search_dir, path)
-                if not os.path.exists(path) and os.path.exists(fallback):
-                    argument = prefix + fallback
-        resolved.append(argument)
-    return resolved
+        prefix = next(
+            (p for p in ("--flagfile=", "-flagfile=") if argument.startswith(p)), None
+        )
+        if prefix is None:
+            expanded.append(argument)
+            continue
+        name = argument[len(prefix):]
+        candidates = [name] + [os.path.join(folder, name) for folder in search_dirs]
+        path = next((c for c in candidates if os.path.isfile(c)), None)
+        if path is None:
+            expanded.append(argument)
+            continue
+        with open(path) as file:
+            lines = [line.strip() for line in file]
+        flags_in_file = [
+            line for line in lines if line and not line.startswith(("#", "//"))
+        ]
+        folder = os.path.dirname(os.path.abspath(path))
+        expanded += _expand_flagfiles(flags_in_file, [folder] + search_dirs, depth + 1)
+    return expanded
 
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+        sys.exit(
+            f"error: unexpected argument(s) {' '.join(argv[1:])!r}: this script takes flags "
+            "only, written --name=value (boolean flags: --name or --noname). Remove the "
+            "extra argument(s); pass --helpshort to see the flags."
+        )
     from capsnet_tf.data import DatasetNotFoundError
-    from capsnet_tf.training import ExperimentConfig, IncompatibleWorkdirError, train_and_evaluate
+    from capsnet_tf.training import (
+        ExperimentConfig,
+        IncompatibleWorkdirError,
+        train_and_evaluate,
+        train_ensemble,
+    )
 
     verbose = _VERBOSE.value if _VERBOSE.value == "auto" else int(_VERBOSE.value)
     config = ExperimentConfig(
@@ -127,6 +220,8 @@ def main(argv):
         margin_class_reduction=_MARGIN_REDUCTION.value,
         official_primary_scaling=_OFFICIAL_PRIMARY_SCALING.value,
         initializer=_INITIALIZER.value,
+        padding=_PADDING.value,
+        primary_capsule_types=_PRIMARY_CAPSULE_TYPES.value,
         shift=_SHIFT.value,
         seed=_SEED.value,
         steps_per_epoch=_STEPS_PER_EPOCH.value,
@@ -135,10 +230,19 @@ def main(argv):
         jit_compile=_JIT_COMPILE.value,
         mixed_precision=_MIXED_PRECISION.value,
         verbose=verbose,
+        model=_MODEL.value,
+        test_pairs_per_image=_TEST_PAIRS_PER_IMAGE.value,
+        affnist_path=_AFFNIST_PATH.value,
+        num_trials=_NUM_TRIALS.value,
+        strategy=_STRATEGY.value,
+        devices=tuple(_DEVICES.value) if _DEVICES.value is not None else None,
+        tpu=_TPU.value,
+        backup_every_steps=_BACKUP_EVERY_STEPS.value,
     )
     logging.info("Configuration:\n%s", config.to_json())
     try:
-        results = train_and_evaluate(config, _WORKDIR.value, overwrite=_OVERWRITE.value)
+        run = train_ensemble if config.num_trials > 1 else train_and_evaluate
+        results = run(config, _WORKDIR.value, overwrite=_OVERWRITE.value)
     except (DatasetNotFoundError, IncompatibleWorkdirError, ValueError) as error:
         sys.exit(f"error: {error}")
     print(
@@ -146,6 +250,14 @@ def main(argv):
         f"test error: {100 * results['test_error']:.2f}%  "
         f"(work directory: {_WORKDIR.value})"
     )
+    for name, value in sorted(results.items()):
+        if name.endswith("_accuracy") and name != "test_accuracy":
+            print(f"{name}: {100 * value:.2f}%")
+    if "test_metrics" in results and "length_accuracy_any" in results["test_metrics"]:
+        print(
+            "At least one of the two digits right: "
+            f"{100 * results['test_metrics']['length_accuracy_any']:.2f}%"
+        )
 
 
 if __name__ == "__main__":
