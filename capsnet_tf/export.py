@@ -112,6 +112,13 @@ def _inference_model(model):
             "optionally 'reconstruction'), as `CapsNet.inference_model()` does. "
             f"Received outputs: {outputs!r}"
         )
+    if "reconstruction" in outputs and len(outputs["reconstruction"].shape) != 4:
+        raise ValueError(
+            "Only one-target CapsNets can be exported (the serving signatures "
+            "return one class and one reconstruction per image); this model "
+            "reconstructs several targets per image (num_targets > 1, MultiMNIST): "
+            f"reconstruction shape {tuple(outputs['reconstruction'].shape)}."
+        )
     return model
 
 

@@ -20,15 +20,14 @@ notebook's inline plots) is left as it is.
 `ReconstructionImages` is a Keras callback that writes inputs over their
 reconstructions into TensorBoard at the end of every epoch.
 
-TODO(MultiMNIST): Figure 5 of the paper (two overlapping digits, each
-reconstructed from its own capsule and drawn in its own colour) needs a
-model trained on MultiMNIST with two targets, which the project does not
-have yet. `write_figures` reports such a work directory and makes no
-Figure 5; nothing here pretends to draw it.
+For a MultiMNIST work directory (two targets) `write_figures` draws the
+paper's Figure 5 (`plot_multimnist_separations`: each of the two longest
+capsules reconstructed alone, in red and green over the input) instead of
+the one-digit reconstruction, perturbation and confusion figures.
 
 Reference:
-    Sabour et al., 2017, arXiv:1710.09829, figures 3 (reconstructions) and 4
-    (dimension perturbations).
+    Sabour et al., 2017, arXiv:1710.09829, figures 3 (reconstructions), 4
+    (dimension perturbations) and 5 (MultiMNIST separations).
 """
 
 import csv
@@ -57,6 +56,7 @@ __all__ = [
     "load_test_images",
     "perturbation_grid",
     "plot_confusion_matrix",
+    "plot_multimnist_separations",
     "plot_perturbations",
     "plot_reconstructions",
     "plot_routing",
@@ -65,6 +65,7 @@ __all__ = [
     "read_training_log",
     "reconstruction_mosaic",
     "routing_couplings",
+    "two_colour",
     "write_figures",
 ]
 
@@ -76,6 +77,7 @@ FIGURE_SIZES = {
     "training_curves": (15.0, 5.0),
     "confusion_matrix": (8.0, 7.0),
     "routing": (15.0, 3.6),
+    "multimnist": (12.0, 6.0),
 }
 FIGURE_NAMES = tuple(FIGURE_SIZES)
 # The paper's Figure 4: -0.25 to 0.25 in steps of 0.05 (11 values).
@@ -93,22 +95,53 @@ _RIGHT = "black"
 # --------------------------------------------------------------------------
 
 
-def load_test_images(dataset="mnist", num_examples=None, data_dir=None):
-    """The first test images of a prepared TFDS data set, as numpy arrays.
+def load_test_images(
+    dataset="mnist",
+    num_examples=None,
+    data_dir=None,
+    seed=0,
+    test_pairs_per_image=1,
+    affnist_path=None,
+    shift=None,
+):
+    """The first test images of a data set, as numpy arrays.
 
     Args:
-        dataset: TFDS name (`"mnist"`, `"fashion_mnist"`).
+        dataset: a name of `capsnet_tf.data.registry.DATASETS`: the TFDS
+            test split of `"mnist"` / `"fashion_mnist"`, or the generated
+            test sets of `"multi_mnist"`, `"expanded_mnist"`, `"affnist"`
+            (fixed by `seed`), or the preprocessed `"cifar10"` /
+            `"smallnorb"` test images.
         num_examples: how many (None: the whole test split).
         data_dir: TFDS data directory (see `capsnet_tf.data.resolve_data_dir`).
+        seed: seed of generated test sets (the run's `--seed`).
+        test_pairs_per_image: `multi_mnist` test set size.
+        affnist_path: real affNIST data for `"affnist"`.
+        shift: the run's `--shift` (sets the MultiMNIST canvas and the
+            expanded-MNIST test translation; None: the pipeline's default).
 
     Returns:
-        `(images, labels)`: float32 `[n, H, W, C]` in [0, 1] and int32 `[n]`.
+        `(images, labels)`: float32 `[n, H, W, C]` (in [0, 1] for the MNIST
+        family) and int32 `[n]` (`[n, 2]` for `multi_mnist`).
 
     Raises:
         capsnet_tf.data.DatasetNotFoundError: the data set is not prepared.
     """
     from capsnet_tf.data.pipeline import load_tfds_split
 
+    if dataset not in ("mnist", "fashion_mnist"):
+        from capsnet_tf.data.registry import load_experiment_data
+
+        data, _ = load_experiment_data(
+            dataset, "test", 1000, training=False, seed=seed, shift=shift, data_dir=data_dir,
+            reconstruction=False, take=num_examples,
+            test_pairs_per_image=test_pairs_per_image, affnist_path=affnist_path,
+        )
+        batches = list(data.as_numpy_iterator())
+        return (
+            np.concatenate([inputs["image"] for inputs, _ in batches]).astype("float32"),
+            np.concatenate([targets["length"] for _, targets in batches]).astype("int32"),
+        )
     data, _ = load_tfds_split(dataset, "test", data_dir)
     if num_examples is not None:
         data = data.take(num_examples)
@@ -121,6 +154,18 @@ def load_test_images(dataset="mnist", num_examples=None, data_dir=None):
         np.concatenate(images).astype("float32") / 255.0,
         np.concatenate(labels).astype("int32"),
     )
+
+
+def _train_examples(config, data_dir):
+    """Training examples per epoch of a run's configuration."""
+    from capsnet_tf.data.pipeline import load_tfds_split
+
+    if config.get("train_examples"):
+        return int(config["train_examples"])
+    dataset = config.get("dataset", "mnist")
+    source = {"multi_mnist": "mnist", "expanded_mnist": "mnist"}.get(dataset, dataset)
+    _, info = load_tfds_split(source, "train", data_dir)
+    return info.splits["train"].num_examples
 
 
 def _masked(capsules, class_ids):
@@ -587,6 +632,97 @@ def plot_reconstructions(
     return _save(figure, path, dpi)
 
 
+def two_colour(first, second):
+    """Two single-channel images as one RGB image: `first` red, `second` green.
+
+    Where both are bright the pixel is yellow, as in the paper's Figure 5.
+
+    Args:
+        first: `[..., H, W, 1]` (or `[..., H, W]`) in [0, 1].
+        second: same shape.
+
+    Returns:
+        float32 `[..., H, W, 3]` in [0, 1], blue zero.
+
+    Example:
+
+    >>> import numpy as np
+    >>> two_colour(np.ones((2, 2, 1)), np.zeros((2, 2, 1)))[0, 0].tolist()
+    [1.0, 0.0, 0.0]
+    """
+    first = np.asarray(first, "float32")
+    second = np.asarray(second, "float32")
+    if first.shape[-1:] == (1,):
+        first, second = first[..., 0], second[..., 0]
+    colour = np.stack([first, second, np.zeros_like(first)], axis=-1)
+    return np.clip(colour, 0.0, 1.0)
+
+
+def plot_multimnist_separations(
+    images, labels, reconstructions, predictions, path, columns=8, dpi=DPI, title=None
+):
+    """The paper's Figure 5: MultiMNIST inputs and their two-colour separations.
+
+    Args:
+        images: `[n, H, W, 1]` overlapping-digit inputs (the first
+            `2 * columns` are drawn, in two blocks of two rows).
+        labels: `[n, 2]` the two true classes.
+        reconstructions: `[n, 2, H, W, 1]`: the decoder's reconstructions
+            from the longest and the second-longest class capsule.
+        predictions: `[n, 2]` those two classes (longest first).
+        path: PNG file to write.
+        columns: examples per row.
+        dpi: resolution; the PNG is `FIGURE_SIZES["multimnist"] * dpi`.
+        title: the figure's title.
+
+    Returns:
+        `path`.
+    """
+    count = min(len(images), 2 * columns)
+    figure = _figure("multimnist")
+    rows = 2 * math.ceil(count / columns)
+    grid = figure.add_gridspec(
+        max(rows, 2), columns, left=0.08, right=0.84, top=0.84, bottom=0.03,
+        hspace=0.5, wspace=0.08,
+    )
+    for index in range(count):
+        row, column = 2 * (index // columns), index % columns
+        top = figure.add_subplot(grid[row, column])
+        bottom = figure.add_subplot(grid[row + 1, column])
+        _show(top, images[index])
+        bottom.imshow(two_colour(reconstructions[index, 0], reconstructions[index, 1]),
+                      interpolation="nearest")
+        bottom.set_xticks([])
+        bottom.set_yticks([])
+        true = sorted(int(label) for label in labels[index])
+        predicted = [int(label) for label in predictions[index]]
+        correct = true == sorted(predicted)
+        top.set_title(f"L: {true[0]}, {true[1]}", fontsize=8,
+                      color=_RIGHT if correct else _WRONG)
+        bottom.set_title(f"R: {predicted[0]}, {predicted[1]}", fontsize=8,
+                         color=_RIGHT if correct else _WRONG)
+        if column == 0:
+            top.set_ylabel("input", fontsize=9)
+            bottom.set_ylabel("separation", fontsize=9)
+    figure.suptitle(title or "CapsNet on MultiMNIST: each digit reconstructed from its own "
+                    "capsule", fontsize=12, y=0.985)
+    figure.text(
+        0.5, 0.905, "L: true labels; R: the two longest class capsules, each reconstructed "
+        "by the decoder alone and drawn in its own colour over black (yellow: both)",
+        ha="center", fontsize=9,
+    )
+    figure.legend(
+        handles=[
+            matplotlib.patches.Patch(color="red", label="longest capsule"),
+            matplotlib.patches.Patch(color="lime", label="second longest"),
+            matplotlib.patches.Patch(color="yellow", label="both"),
+            matplotlib.patches.Patch(color=_WRONG, label="labels text: wrong pair"),
+        ],
+        loc="upper left", bbox_to_anchor=(0.845, 0.8), fontsize=8, frameon=False,
+    )
+    return _save(figure, path, dpi)
+
+
 def _mosaic(grid, gap=2):
     """`[rows, columns, H, W, C]` images -> one `[rows*H + gaps, columns*W + gaps]` image."""
     rows, columns, height, width = grid.shape[:4]
@@ -616,7 +752,7 @@ def plot_perturbations(
         grid: `[dim, num_values, H, W, C]` from `perturbation_grid`.
         path: PNG file to write.
         image: optional input image `[H, W, C]`, drawn beside the grid.
-        label: its true class, for the title.
+        label: its true class (or classes), for the title.
         class_id: the class whose capsule was perturbed.
         values: the perturbation of each column.
         dpi: resolution; the PNG is `FIGURE_SIZES["perturbations"] * dpi`.
@@ -706,8 +842,10 @@ def plot_training_curves(log, path, rates=None, reconstruction_weight=None, dpi=
                            label=f"{name} (test)", **style)
     loss_axis.set_yscale("log")
     loss_axis.set(title="Loss terms", xlabel="epoch", ylabel="loss (log scale)")
+    # Models without a decoder log plain "accuracy" (a single output).
+    prefix = "length_" if "length_accuracy" in log else ""
     for key, name, colour in (
-        ("length_accuracy", "train", "tab:blue"), ("val_length_accuracy", "test", "tab:red")
+        (f"{prefix}accuracy", "train", "tab:blue"), (f"val_{prefix}accuracy", "test", "tab:red")
     ):
         if key in log:
             accuracy_axis.plot(epochs, 100 * log[key], color=colour, label=name,
@@ -799,7 +937,7 @@ def plot_routing(routing, path, image=None, label=None, class_id=None, dpi=DPI):
         routing: `routing_couplings`' dict.
         path: PNG file to write.
         image: the input image `[H, W, C]`.
-        label: its true class, for the title.
+        label: its true class (or classes), for the title.
         class_id: the class to draw (default: the predicted one).
         dpi: resolution; the PNG is `FIGURE_SIZES["routing"] * dpi`.
 
@@ -818,7 +956,9 @@ def plot_routing(routing, path, image=None, label=None, class_id=None, dpi=DPI):
     axis = figure.add_subplot(grid[0, 0])
     if image is not None:
         _show(axis, image)
-        axis.set_title("input" + ("" if label is None else f" (true {int(label)})"), fontsize=10)
+        if label is not None:
+            label = ", ".join(str(int(value)) for value in np.ravel(label))
+        axis.set_title("input" + ("" if label is None else f" (true {label})"), fontsize=10)
     else:
         axis.axis("off")
     axis = figure.add_subplot(grid[0, 1])
@@ -926,7 +1066,6 @@ def write_figures(
     ...               perturbation_digits=[3, 7])
     {'training_curves': '/tmp/capsnet_mnist/figures/training_curves.png', ...}
     """
-    from capsnet_tf.data.pipeline import load_tfds_split
     from capsnet_tf.training import load_trained_model, read_run_files
 
     unknown = sorted(set(figures) - set(FIGURE_NAMES))
@@ -935,12 +1074,23 @@ def write_figures(
     output_dir = output_dir or os.path.join(workdir, "figures")  # made by the first figure
     written = {}
     config, model_config = read_run_files(workdir, require_model=False)
-    if _is_multi_target(model_config, config):
-        log("MultiMNIST work directory: Figure 5 (two-colour separations) is not "
-            "implemented yet (TODO); the other figures assume one digit per image.")
+    multi_target = _is_multi_target(model_config, config)
+    if multi_target:
+        single = {"reconstructions", "perturbations", "confusion_matrix"} & set(figures)
+        if single:
+            log(f"MultiMNIST work directory: {', '.join(sorted(single))} assume one digit "
+                "per image and are skipped; Figure 5 is 'multimnist'.")
+        figures = [name for name in figures if name not in single]
+    elif "multimnist" in figures:
+        figures = [name for name in figures if name != "multimnist"]
     dataset = config.get("dataset", "mnist")
     data_dir = data_dir or config.get("data_dir")
-    _, info = load_tfds_split(dataset, "test", data_dir)
+    test_options = {
+        "seed": config.get("seed", 0),
+        "test_pairs_per_image": config.get("test_pairs_per_image", 1),
+        "affnist_path": config.get("affnist_path"),
+        "shift": config.get("shift"),
+    }
 
     log_path = os.path.join(workdir, "training_log.csv")
     history = read_training_log(log_path) if os.path.exists(log_path) else {}
@@ -953,7 +1103,7 @@ def write_figures(
             rates = None
             if history:
                 rates = learning_rates(
-                    config, history["epoch"], info.splits["train"].num_examples
+                    config, history["epoch"], _train_examples(config, data_dir)
                 )
             written["training_curves"] = plot_training_curves(
                 history, os.path.join(output_dir, "training_curves.png"), rates,
@@ -963,7 +1113,8 @@ def write_figures(
         else:
             log(f"No {log_path}: training curves skipped.")
 
-    needs_model = {"reconstructions", "perturbations", "confusion_matrix", "routing"}
+    needs_model = {"reconstructions", "perturbations", "confusion_matrix", "routing",
+                   "multimnist"}
     if not needs_model & set(figures):
         return written
     model = None
@@ -985,7 +1136,9 @@ def write_figures(
     count = classified
     if "routing" in wanted and count is not None:
         count = max(count, routing_example + 1)
-    all_images, all_labels = load_test_images(dataset, count, data_dir)
+    if "multimnist" in wanted:
+        count = max(count or 0, reconstruction_examples)
+    all_images, all_labels = load_test_images(dataset, count, data_dir, **test_options)
     images, labels = all_images[:classified], all_labels[:classified]
     if classify:
         log(f"Classifying {len(images)} test images ...")
@@ -1028,6 +1181,20 @@ def write_figures(
                 image=images[index], label=labels[index], class_id=class_id, dpi=dpi,
                 model_name=model_name,
             )
+    if "multimnist" in wanted:
+        shown = min(reconstruction_examples, 16, len(all_images))
+        outputs = adapter.predict(all_images[:shown], batch_size=100)
+        predicted_pairs = np.argsort(-outputs["length"], axis=-1)[:, :2]
+        correct = np.mean([
+            sorted(pair) == sorted(labels_pair)
+            for pair, labels_pair in zip(predicted_pairs, all_labels[:shown])
+        ])
+        written["multimnist"] = plot_multimnist_separations(
+            all_images[:shown], all_labels[:shown], outputs["reconstruction"],
+            predicted_pairs, os.path.join(output_dir, "multimnist.png"), dpi=dpi,
+            title=f"{model_name} on MultiMNIST: each digit reconstructed from its own "
+            f"capsule ({100 * correct:.0f}% of these {shown} pairs right)",
+        )
     if "routing" in wanted:
         if routing_example >= len(all_images):
             raise ValueError(
@@ -1058,7 +1225,8 @@ class ReconstructionImages(keras.callbacks.Callback):
 
     Args:
         images: float `[n, H, W, C]` test images in [0, 1].
-        labels: int `[n]` their classes.
+        labels: int `[n]` their classes (`[n, 2]` for MultiMNIST, whose
+            bottom row then shows the two reconstructions in red and green).
         log_dir: TensorBoard directory (e.g. `workdir/logs/reconstructions`).
         max_images: how many of the images to draw (the first ones).
 
@@ -1079,7 +1247,8 @@ class ReconstructionImages(keras.callbacks.Callback):
         labels = np.asarray(labels, "int32")[:max_images]
         if images.ndim != 4 or len(images) != len(labels) or not len(images):
             raise ValueError(
-                "`images` must be [n, H, W, C] with n >= 1 and `labels` [n]. "
+                "`images` must be [n, H, W, C] with n >= 1 and `labels` [n] "
+                "(or [n, 2] for two targets). "
                 f"Received: images {images.shape}, labels {labels.shape}"
             )
         self.images = images
@@ -1099,12 +1268,25 @@ class ReconstructionImages(keras.callbacks.Callback):
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
         outputs = self.model({"image": self.images, "label": self.labels}, training=False)
-        predictions = np.asarray(outputs["length"]).argmax(-1)
-        mosaic = reconstruction_mosaic(self.images, np.asarray(outputs["reconstruction"]))
+        lengths = np.asarray(outputs["length"])
+        reconstructions = np.asarray(outputs["reconstruction"])
+        images = self.images
+        if reconstructions.ndim == 5:  # two targets: Figure 5's colours
+            predictions = [",".join(map(str, pair)) for pair in np.argsort(-lengths)[:, :2]]
+            labels = [",".join(map(str, pair)) for pair in self.labels]
+            reconstructions = two_colour(reconstructions[:, 0], reconstructions[:, 1])
+            images = np.repeat(images[..., :1], 3, axis=-1)
+            what = ("the two longest class capsules, each decoded alone (red: longest, "
+                    "green: second)")
+        else:
+            predictions, labels = lengths.argmax(-1), self.labels
+            what = "the predicted (longest) class capsule"
+            if images.shape[-1] not in (1, 3):  # e.g. smallNORB's stereo pair
+                images, reconstructions = images[..., :1], reconstructions[..., :1]
+        mosaic = reconstruction_mosaic(images, reconstructions)
         description = (
-            "Top row: test inputs; bottom row: reconstructions from the predicted "
-            "(longest) class capsule.  \n"
-            f"True labels: {' '.join(str(label) for label in self.labels)}  \n"
+            f"Top row: test inputs; bottom row: reconstructions from {what}.  \n"
+            f"True labels: {' '.join(str(label) for label in labels)}  \n"
             f"Predicted:   {' '.join(str(label) for label in predictions)}"
         )
         with self._writer.as_default():
