@@ -26,7 +26,9 @@ Runs headless (matplotlib's Agg backend). The confusion matrix classifies the
 whole MNIST test set (about 40 s at 250 images/s on a CPU; `--eval_examples`
 limits it); without it, reconstructions and perturbations classify the first
 1000 test images only.
-MultiMNIST's Figure 5 is not implemented yet (see capsnet_tf/visualization.py).
+- `multimnist.png` (MultiMNIST work directories, instead of the one-digit
+  reconstructions, perturbations and confusion matrix): the paper's Figure 5,
+  each of the two longest capsules reconstructed alone, in red and green.
 """
 
 import os
@@ -38,7 +40,14 @@ from absl import app, flags
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))  # the repository, when not installed
 
-_FIGURES = ("reconstructions", "perturbations", "training_curves", "confusion_matrix", "routing")
+_FIGURES = (
+    "reconstructions",
+    "perturbations",
+    "training_curves",
+    "confusion_matrix",
+    "routing",
+    "multimnist",
+)
 
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Work directory of a finished run (experiments/mnist.py --workdir)."
