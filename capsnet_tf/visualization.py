@@ -1096,7 +1096,9 @@ def write_figures(
     history = read_training_log(log_path) if os.path.exists(log_path) else {}
     epochs = len(history.get("epoch", ()))
     model_name = "CapsNet"
-    if epochs:
+    if epochs and config.get("steps_per_epoch"):  # shortened epochs: count steps
+        model_name += f" after {epochs * int(config['steps_per_epoch']):,} training steps"
+    elif epochs:
         model_name += f" after {epochs} epoch{'s' if epochs != 1 else ''}"
     if "training_curves" in figures:
         if os.path.exists(log_path):
