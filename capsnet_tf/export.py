@@ -106,6 +106,12 @@ def _inference_model(model):
             f"Received: {type(model).__name__}"
         )
     outputs = model.output
+    if isinstance(outputs, dict) and "probabilities" in outputs and "capsules" not in outputs:
+        raise ValueError(
+            "This is the baseline CNN (--model=baseline): the export writes CapsNet's "
+            "serving signatures (capsules, reconstructions) and does not serve the "
+            "baseline. Save it with `model.export(path)` from Keras instead."
+        )
     if not isinstance(outputs, dict) or not {"length", "capsules"} <= set(outputs):
         raise ValueError(
             "The model must return a dict with 'length' and 'capsules' (and "

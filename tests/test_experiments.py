@@ -184,3 +184,20 @@ def test_smallnorb_experiment_on_mock_data(tmp_path):
     assert model["image_shape"] == [32, 32, 2] and model["num_classes"] == 5
     assert model["reconstruction"]
     assert 0.0 <= read_json(workdir, "results.json")["test_accuracy"] <= 1.0
+
+
+def test_export_refuses_the_baseline_and_two_target_models_clearly(tmp_path):
+    from capsnet_tf import BaselineCNN, CapsNet
+    from capsnet_tf.export import export_saved_model
+
+    small = dict(image_shape=(12, 12, 1), conv_filters=4, conv_kernel_size=3,
+                 primary_capsule_types=2, primary_kernel_size=3, decoder_units=(8, 8))
+    cases = [
+        (BaselineCNN(image_shape=(8, 8, 1), conv_filters=(2, 2, 2), dense_units=(4, 4)),
+         "baseline CNN"),
+        (CapsNet(num_targets=2, **small), "num_targets > 1"),
+    ]
+    for model, words in cases:
+        with pytest.raises(ValueError, match=words):
+            export_saved_model(model, str(tmp_path / "export"))
+        assert not os.path.exists(tmp_path / "export" / "1")
