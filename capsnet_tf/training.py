@@ -583,7 +583,11 @@ def _make_callbacks(config, workdir, spec):
 
 
 def train_and_evaluate(config, workdir, overwrite=False):
-    """Trains CapsNet as `config` says and evaluates the best checkpoint.
+    """Trains the model of `config` on its data set and evaluates the best checkpoint.
+
+    The model is CapsNet or the baseline CNN (`config.model`), the data any
+    of `capsnet_tf.data.registry.DATASETS` but affNIST, which expanded-MNIST
+    runs are evaluated on as well (`affnist_accuracy`).
 
     Args:
         config: an `ExperimentConfig`.
@@ -593,7 +597,8 @@ def train_and_evaluate(config, workdir, overwrite=False):
 
     Returns:
         Dict of the final test metrics (`test_accuracy`, `test_error`,
-        `test_loss`, ...), also written to `workdir/results.json`.
+        `test_loss`, `test_metrics`, ...), also written to
+        `workdir/results.json`.
 
     Raises:
         ValueError: invalid configuration.
