@@ -72,3 +72,35 @@ def test_matches_numpy_reference(official):
 def test_invalid_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PrimaryCapsule(**kwargs)
+
+
+@pytest.mark.parametrize("size, kernel_size", [(12, 5), (10, 4), (20, 9)])
+def test_bfloat16_stride2_convolution_gradients_match_float64(size, kernel_size):
+    """The rewritten bfloat16 backward pass equals the convolution's true gradients."""
+    import tensorflow as tf
+
+    from capsnet_tf.layers.primary_capsule import (
+        _fast_backward_applies,
+        _valid_stride2_conv_bfloat16,
+    )
+
+    rng = np.random.default_rng(0)
+    inputs = tf.cast(rng.normal(size=(2, size, size, 3)), tf.bfloat16)
+    kernel = tf.cast(rng.normal(size=(kernel_size, kernel_size, 3, 4)), tf.bfloat16)
+    assert _fast_backward_applies(inputs, kernel, 2, "valid")
+    out_size = (size - kernel_size) // 2 + 1
+    upstream = rng.normal(size=(2, out_size, out_size, 4))
+
+    def gradients(function, x, w):
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = function(x, w)
+            loss = tf.reduce_sum(tf.cast(y, tf.float64) * upstream)
+        return [tf.cast(g, tf.float64).numpy() for g in tape.gradient(loss, [x, w])]
+
+    got = gradients(_valid_stride2_conv_bfloat16, inputs, kernel)
+    want = gradients(lambda x, w: tf.nn.conv2d(x, w, 2, "VALID"),
+                     tf.cast(inputs, tf.float64), tf.cast(kernel, tf.float64))
+    for g, w in zip(got, want):
+        # bfloat16 keeps 8 significant bits: errors of a few 1e-3 of the scale.
+        np.testing.assert_allclose(g, w, atol=2e-2 * np.abs(w).max())

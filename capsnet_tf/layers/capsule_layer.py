@@ -228,9 +228,26 @@ class CapsuleLayer(keras.layers.Layer):
 
     def call(self, inputs, return_couplings=False):
         kernel = ops.cast(self.kernel, inputs.dtype)
+        input_capsules, _, input_dim, _ = self.kernel.shape
         # votes[b, j, i] = u[b, i] @ kernel[i, j]: a batched matmul over i that
         # never tiles the kernel per example, written output-major for routing.
-        votes = tf.einsum("bid,ijde->bjie", inputs, kernel)
+        # This is what tf.einsum("bid,ijde->bjie") computes (bit for bit in
+        # float32, values and gradients), spelt out as one BatchMatMul
+        # [i, b, d] @ [i, d, j * e] between transposes, which TensorFlow runs
+        # faster (votes alone, forward+backward at batch 100 on 2 shared CPU
+        # cores: 213 -> 82 ms float32, 151 -> 80 ms bfloat16; the whole layer
+        # with routing 541 -> 428 and 468 -> 387 ms).
+        votes = tf.matmul(
+            tf.transpose(inputs, (1, 0, 2)),
+            tf.reshape(
+                tf.transpose(kernel, (0, 2, 1, 3)),
+                (input_capsules, input_dim, self.num_capsules * self.capsule_dim),
+            ),
+        )  # [i, b, j * e]
+        votes = tf.transpose(
+            tf.reshape(votes, (input_capsules, -1, self.num_capsules, self.capsule_dim)),
+            (1, 2, 0, 3),
+        )  # [b, j, i, e]
         # Routing sums over all input capsules and squashes: float32 at least.
         votes = tf.cast(votes, _routing_dtype(self.compute_dtype))
         bias = None if self.bias is None else tf.cast(self.bias, votes.dtype)

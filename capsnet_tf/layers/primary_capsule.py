@@ -1,6 +1,7 @@
 """The PrimaryCaps layer: a strided convolution read as a grid of capsules."""
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from capsnet_tf.ops import squash
@@ -14,6 +15,83 @@ def _conv_output_length(length, kernel_size, strides, padding):
     if padding == "valid":
         return (length - kernel_size) // strides + 1
     return -(-length // strides)  # "same": ceil(length / strides)
+
+
+# bfloat16 convolutions with stride 2 and "valid" padding take a faster
+# backward pass (`_valid_stride2_conv_bfloat16`); float32 is never affected.
+_FAST_BFLOAT16_BACKWARD = True
+
+
+def _fast_backward_applies(inputs, kernel, strides, padding):
+    """Whether `_valid_stride2_conv_bfloat16` can stand in for `ops.conv`."""
+    if not _FAST_BFLOAT16_BACKWARD or strides != 2 or padding != "valid":
+        return False
+    if inputs.dtype != tf.bfloat16 or kernel.dtype != tf.bfloat16:
+        return False
+    height, width = inputs.shape[1], inputs.shape[2]
+    kernel_size = kernel.shape[0]
+    return (
+        height is not None
+        and width is not None
+        and height % 2 == 0
+        and width % 2 == 0
+        and kernel.shape[0] == kernel.shape[1]
+        and min(height, width) >= kernel_size
+    )
+
+
+@tf.custom_gradient
+def _valid_stride2_conv_bfloat16(inputs, kernel):
+    """`conv2d(inputs, kernel, strides=2, padding="valid")` for bfloat16.
+
+    The forward pass is the plain convolution. oneDNN's stride-2 backward
+    kernels (`Conv2DBackpropFilter`/`Conv2DBackpropInput`, AMX on this CPU)
+    run at well under half its forward rate, so the gradients are computed as
+    equivalent stride-1 problems, which it runs at about the forward rate
+    (same FLOPs, same bfloat16 rounding of the results):
+
+    - kernel gradient: a forward convolution of the inputs, batch and channels
+      swapped (`[in_channels, H, W, batch]`), with the output gradient as a
+      2-dilated kernel (`[out_h, out_w, batch, out_channels]`);
+    - input gradient: the stride-1 backward-input convolution of the
+      space-to-depth (block 2) form of the problem, whose kernel is the
+      original one zero-padded to an even size and folded into
+      `[k/2, k/2, 4 * in_channels, out_channels]`, then depth-to-space.
+
+    Needs even input height and width (checked by `_fast_backward_applies`).
+    """
+    outputs = tf.nn.conv2d(inputs, kernel, 2, "VALID")
+
+    def grad(upstream):
+        upstream = tf.cast(upstream, inputs.dtype)
+        size = kernel.shape[0]
+        channels, filters = kernel.shape[2], kernel.shape[3]
+        # d kernel[kh, kw, c, f] = sum_{b, y, x} in[b, 2y + kh, 2x + kw, c] g[b, y, x, f]
+        kernel_grad = tf.nn.conv2d(
+            tf.transpose(inputs, (3, 1, 2, 0)),
+            tf.transpose(upstream, (1, 2, 0, 3)),
+            1,
+            "VALID",
+            dilations=2,
+        )  # [c, >= size, >= size, f]
+        kernel_grad = tf.transpose(kernel_grad[:, :size, :size, :], (1, 2, 0, 3))
+        # Space-to-depth kernel: tap (2a + p, 2b + q) -> [a, b, (p, q, c)].
+        half = (size + 1) // 2
+        folded = tf.pad(kernel, [[0, 2 * half - size], [0, 2 * half - size], [0, 0], [0, 0]])
+        folded = tf.reshape(folded, (half, 2, half, 2, channels, filters))
+        folded = tf.transpose(folded, (0, 2, 1, 3, 4, 5))
+        folded = tf.reshape(folded, (half, half, 4 * channels, filters))
+        shape = tf.shape(inputs)
+        folded_input_grad = tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=tf.stack([shape[0], shape[1] // 2, shape[2] // 2, 4 * channels]),
+            filter=folded,
+            out_backprop=upstream,
+            strides=[1, 1, 1, 1],
+            padding="VALID",
+        )
+        return tf.nn.depth_to_space(folded_input_grad, 2), kernel_grad
+
+    return outputs, grad
 
 
 @keras.saving.register_keras_serializable(package="capsnet_tf")
@@ -126,9 +204,15 @@ class PrimaryCapsule(keras.layers.Layer):
         self.input_spec = keras.layers.InputSpec(ndim=4, axes={-1: channels})
 
     def call(self, inputs):
-        outputs = ops.conv(
-            inputs, self.kernel, strides=self.strides, padding=self.padding
-        )
+        # The kernel as a tensor in the compute dtype (an eager read under
+        # the mixed policy gives an autocast variable, not a tensor).
+        kernel = tf.convert_to_tensor(self.kernel)
+        if _fast_backward_applies(inputs, kernel, self.strides, self.padding):
+            outputs = _valid_stride2_conv_bfloat16(inputs, kernel)
+        else:
+            outputs = ops.conv(
+                inputs, self.kernel, strides=self.strides, padding=self.padding
+            )
         if self.official_scaling:
             outputs = outputs / float(self.num_capsule_types)
         outputs = outputs + self.bias
