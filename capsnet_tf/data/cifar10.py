@@ -21,7 +21,12 @@ model's input; it is kept to mirror the official code.
 
 import tensorflow as tf
 
-from capsnet_tf.data.pipeline import load_tfds_split
+from capsnet_tf.data.pipeline import (
+    check_pipeline_arguments,
+    load_tfds_split,
+    split_size,
+    zip_example_seeds,
+)
 from capsnet_tf.data.spec import DatasetSpec
 
 __all__ = [
@@ -127,9 +132,9 @@ def make_cifar10_dataset(
         Sabour et al., 2017, Dynamic Routing Between Capsules, section 7
         (arXiv:1710.09829).
     """
-    _check_arguments(batch_size, take, shuffle_buffer)
+    check_pipeline_arguments(batch_size, take, shuffle_buffer)
     dataset, info = load_tfds_split("cifar10", split, data_dir)
-    num_examples = _split_size(info, split, dataset)
+    num_examples = split_size(info, split, dataset)
     if take is not None:
         dataset = dataset.take(take)
     dataset = dataset.map(
@@ -138,7 +143,7 @@ def make_cifar10_dataset(
     ).cache()
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        dataset = _zip_example_seeds(dataset, seed).map(
+        dataset = zip_example_seeds(dataset, seed).map(
             lambda example, pair: (preprocess_cifar10(example[0], True, pair), example[1]),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
@@ -161,35 +166,3 @@ def make_cifar10_dataset(
         class_names=tuple(label_feature.names),
     )
     return dataset, spec
-
-
-def _check_arguments(batch_size, take, shuffle_buffer):
-    if batch_size < 1:
-        raise ValueError(f"`batch_size` must be >= 1. Received: batch_size={batch_size}")
-    if take is not None and take < 1:
-        raise ValueError(f"`take` must be None or >= 1. Received: take={take}")
-    if shuffle_buffer < 1:
-        raise ValueError(
-            f"`shuffle_buffer` must be >= 1. Received: shuffle_buffer={shuffle_buffer}"
-        )
-
-
-def _split_size(info, split, dataset):
-    """Examples in `split`: from the TFDS info, else the dataset's cardinality.
-
-    Under `tfds.testing.mock_data` without metadata files the info knows no
-    splits; the mocked dataset then has a known cardinality.
-    """
-    try:
-        return int(info.splits[split].num_examples)
-    except KeyError:
-        cardinality = int(dataset.cardinality())
-        if cardinality < 0:
-            raise ValueError(f"The size of split {split!r} is unknown.") from None
-        return cardinality
-
-
-def _zip_example_seeds(dataset, seed):
-    """Pairs every example with a stateless seed `[2]`, new every epoch."""
-    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-    return tf.data.Dataset.zip(dataset, seeds)

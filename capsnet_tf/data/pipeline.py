@@ -153,8 +153,7 @@ def make_dataset(
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         if shift:
-            seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-            dataset = tf.data.Dataset.zip(dataset, seeds).map(
+            dataset = zip_example_seeds(dataset, seed).map(
                 lambda example, pair: (random_shift(example[0], shift, pair), example[1]),
                 num_parallel_calls=tf.data.AUTOTUNE,
             )
@@ -167,3 +166,36 @@ def make_dataset(
     dataset = dataset.map(to_model_format, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
     return dataset, info
+
+
+def check_pipeline_arguments(batch_size, take, shuffle_buffer):
+    """Raises `ValueError` naming the first invalid pipeline argument."""
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be >= 1. Received: batch_size={batch_size}")
+    if take is not None and take < 1:
+        raise ValueError(f"`take` must be None or >= 1. Received: take={take}")
+    if shuffle_buffer < 1:
+        raise ValueError(
+            f"`shuffle_buffer` must be >= 1. Received: shuffle_buffer={shuffle_buffer}"
+        )
+
+
+def split_size(info, split, dataset):
+    """Examples in `split`: from the TFDS info, else the dataset's cardinality.
+
+    Under `tfds.testing.mock_data` without metadata files the info knows no
+    splits; the mocked dataset then has a known cardinality.
+    """
+    try:
+        return int(info.splits[split].num_examples)
+    except KeyError:
+        cardinality = int(dataset.cardinality())
+        if cardinality < 0:
+            raise ValueError(f"The size of split {split!r} is unknown.") from None
+        return cardinality
+
+
+def zip_example_seeds(dataset, seed):
+    """Pairs every example with a stateless seed `[2]`, new every epoch."""
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    return tf.data.Dataset.zip(dataset, seeds)

@@ -28,8 +28,14 @@ instead, an aliased subsampling.
 
 import tensorflow as tf
 
-from capsnet_tf.data.cifar10 import _check_arguments, _split_size, _zip_example_seeds
-from capsnet_tf.data.pipeline import DatasetNotFoundError, load_tfds_split, resolve_data_dir
+from capsnet_tf.data.pipeline import (
+    DatasetNotFoundError,
+    check_pipeline_arguments,
+    load_tfds_split,
+    resolve_data_dir,
+    split_size,
+    zip_example_seeds,
+)
 from capsnet_tf.data.spec import DatasetSpec
 
 __all__ = [
@@ -197,9 +203,9 @@ def make_smallnorb_dataset(
         Sabour et al., 2017, Dynamic Routing Between Capsules, section 7
         (arXiv:1710.09829).
     """
-    _check_arguments(batch_size, take, shuffle_buffer)
+    check_pipeline_arguments(batch_size, take, shuffle_buffer)
     dataset, info = load_smallnorb_split(split, data_dir)
-    num_examples = _split_size(info, split, dataset)
+    num_examples = split_size(info, split, dataset)
     if take is not None:
         dataset = dataset.take(take)
     dataset = dataset.map(
@@ -208,7 +214,7 @@ def make_smallnorb_dataset(
     ).cache()
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        dataset = _zip_example_seeds(dataset, seed).map(
+        dataset = zip_example_seeds(dataset, seed).map(
             lambda example, pair: (*preprocess_smallnorb(example[0], True, pair), example[1]),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
