@@ -14,6 +14,7 @@ from capsnet_tf import (
     reconstruction_loss,
 )
 from capsnet_tf.metrics import multi_label_correct
+from tests.test_model import small_model
 
 # The paper's MultiMNIST CapsNet on 36x36x1 images (section 6: "11.36M parameters"):
 #   conv1        9*9*1*256 + 256             =     20,992  (-> 28x28x256)
@@ -27,22 +28,6 @@ MULTI_MNIST_PARAMETERS = (
     20_992 + 5_308_672 + 3200 * 10 * 8 * 16 + 160 + 82_432 + 525_312 + 1_328_400
 )
 assert MULTI_MNIST_PARAMETERS == 11_361_968
-
-SMALL = dict(
-    image_shape=(12, 12, 1),
-    conv_filters=8,
-    conv_kernel_size=3,
-    primary_capsule_types=2,
-    primary_capsule_dim=4,
-    primary_kernel_size=3,
-    capsule_dim=6,
-    decoder_units=(16, 32),
-)
-
-
-def small_model(**kwargs):
-    return CapsNet(**{**SMALL, **kwargs})
-
 
 def two_label_batch(size=4, seed=0):
     """Images and pairs of distinct labels, as MultiMNIST has."""
