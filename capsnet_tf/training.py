@@ -468,7 +468,6 @@ def _set_precision(config):
 
 def _make_strategy(config):
     """The `tf.distribute` strategy of `config.strategy` (`capsnet_tf.distribute`)."""
-    # Distribution region (issue 6).
     return make_strategy(config.strategy, config.devices, config.tpu)
 
 
@@ -478,32 +477,11 @@ def _make_datasets(config):
     `extra_evaluations` maps a name to a further test set evaluated after
     training (e.g. affNIST for runs on expanded MNIST).
     """
-    # Data region (issue 4).
-    reconstruction = config.reconstruction and config.model == "capsnet"
-    common = dict(
-        batch_size=config.batch_size,
-        seed=config.seed,
-        shift=config.shift,
-        data_dir=config.data_dir,
-        reconstruction=reconstruction,
-        test_pairs_per_image=config.test_pairs_per_image,
-    )
-    train_data, spec = load_experiment_data(
-        config.dataset, "train", training=True, take=config.train_examples, **common
-    )
-    test_data, _ = load_experiment_data(
-        config.dataset, "test", training=False, take=config.eval_examples, **common
-    )
+    train_data, spec = _load_split(config, "train")
+    test_data, _ = _load_split(config, "test")
     extra_evaluations = {}
     if config.dataset == "expanded_mnist":
-        extra_evaluations["affnist"], _ = load_experiment_data(
-            "affnist",
-            "test",
-            training=False,
-            take=config.eval_examples,
-            affnist_path=config.affnist_path,
-            **common,
-        )
+        extra_evaluations["affnist"], _ = _load_split(config, "test", name="affnist")
     if config.model == "baseline":
         if spec.num_targets != 1:
             raise ValueError(
@@ -515,6 +493,35 @@ def _make_datasets(config):
     return train_data, test_data, spec, extra_evaluations
 
 
+def _load_split(config, split, name=None, reconstruction=None):
+    """`(dataset, spec)` of one split as `config` asks for it.
+
+    Args:
+        config: an `ExperimentConfig`.
+        split: `"train"` (shuffled, augmented, `train_examples`) or
+            `"test"` (`eval_examples`).
+        name: another data set than `config.dataset` (e.g. `"affnist"`).
+        reconstruction: include the label input and reconstruction target
+            (None: when the model is a CapsNet with a decoder).
+    """
+    training = split == "train"
+    if reconstruction is None:
+        reconstruction = config.reconstruction and config.model == "capsnet"
+    return load_experiment_data(
+        name or config.dataset,
+        split,
+        config.batch_size,
+        training=training,
+        seed=config.seed,
+        shift=config.shift,
+        data_dir=config.data_dir,
+        reconstruction=reconstruction,
+        take=config.train_examples if training else config.eval_examples,
+        test_pairs_per_image=config.test_pairs_per_image,
+        affnist_path=config.affnist_path,
+    )
+
+
 def _baseline_targets(dataset):
     """Renames the `length` target to the baseline CNN's `logits` output."""
     return dataset.map(lambda inputs, targets: ({"image": inputs["image"]},
@@ -523,7 +530,6 @@ def _baseline_targets(dataset):
 
 def _make_callbacks(config, workdir, spec):
     """Checkpointing, logging and safety callbacks of a training run."""
-    # Recovery region (issue 6).
     checkpoints = os.path.join(workdir, "checkpoints")
     os.makedirs(checkpoints, exist_ok=True)
     train_examples = config.train_examples or spec.num_examples
@@ -705,18 +711,7 @@ def train_ensemble(config, workdir, overwrite=False):
         load_trained_model(os.path.join(workdir, f"trial_{trial}"))[0]
         for trial in range(config.num_trials)
     ]
-    test_data, spec = load_experiment_data(
-        config.dataset,
-        "test",
-        config.batch_size,
-        training=False,
-        seed=config.seed,
-        shift=config.shift,
-        data_dir=config.data_dir,
-        reconstruction=False,
-        take=config.eval_examples,
-        test_pairs_per_image=config.test_pairs_per_image,
-    )
+    test_data, spec = _load_split(config, "test", reconstruction=False)
     ensemble = evaluate_ensemble(models, test_data, reduction="mean", num_targets=spec.num_targets)
     results = {
         "test_accuracy": float(ensemble["ensemble_accuracy"]),
