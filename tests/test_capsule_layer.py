@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from capsnet_tf import CapsuleLayer, dynamic_routing
+from capsnet_tf.layers import capsule_layer
 from tests.layer_test_case import run_layer_test
 
 
@@ -80,6 +81,53 @@ def test_routing_matches_float64_reference(iterations, leaky):
     np.testing.assert_allclose(outputs.numpy(), expected, rtol=1e-6, atol=1e-8)  # epsilon in |s|
     np.testing.assert_allclose(couplings.numpy(), expected_couplings, rtol=1e-6, atol=1e-8)  # epsilon in |s|
     np.testing.assert_allclose(layer(inputs).numpy(), expected, rtol=1e-6, atol=1e-8)  # epsilon in |s|
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_xla_routing_of_training_calls_matches_float64_reference(iterations, leaky, monkeypatch):
+    layer, inputs, kernel, bias = make_layer(iterations, leaky)
+    expected, _ = reference_routing(inputs, kernel, bias, iterations, leaky)
+    calls = []
+    xla_routing = capsule_layer._xla_routing
+    monkeypatch.setattr(
+        capsule_layer, "_xla_routing", lambda *args: calls.append(1) or xla_routing(*args)
+    )
+    np.testing.assert_allclose(
+        layer(inputs, training=True).numpy(), expected, rtol=1e-6, atol=1e-8
+    )
+    assert len(calls) == 1  # training calls took the XLA path ...
+    layer(inputs, training=False)
+    layer(inputs, training=True, return_couplings=True)
+    assert len(calls) == 1  # ... inference and couplings the while loop
+    never = CapsuleLayer(3, 5, routing_iterations=iterations, leaky_routing=leaky,
+                         jit_compile=False, dtype="float64")
+    never.build((None, 6, 4))
+    never.set_weights([kernel, bias])
+    never(inputs, training=True)
+    assert len(calls) == 1
+    always = CapsuleLayer.from_config({**never.get_config(), "jit_compile": True})
+    always.build((None, 6, 4))
+    always.set_weights([kernel, bias])
+    np.testing.assert_allclose(always(inputs).numpy(), expected, rtol=1e-6, atol=1e-8)
+    assert len(calls) == 2
+
+
+def test_xla_routing_gradients_match_numerical():
+    layer, inputs, _, _ = make_layer(3, num_in=3, in_dim=2)
+    theoretical, numerical = tf.test.compute_gradient(
+        lambda x: layer(x, training=True), [tf.constant(inputs[:2])]
+    )
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-4, atol=1e-6)
+    assert np.abs(theoretical[0]).max() > 1e-2
+
+
+def test_xla_routing_needs_python_iterations():
+    votes = tf.zeros((2, 3, 4, 5))
+    with pytest.raises(ValueError, match="python int"):
+        dynamic_routing(votes, None, tf.constant(3), jit_compile=True)
+    with pytest.raises(ValueError, match="jit_compile"):
+        CapsuleLayer(3, 5, jit_compile="always")
 
 
 def test_float32_layer_is_close_to_reference():

@@ -34,7 +34,9 @@ def _routing_dtype(compute_dtype):
     return keras.backend.standardize_dtype(compute_dtype)
 
 
-def dynamic_routing(votes, bias, iterations, leaky=False, return_couplings=False):
+def dynamic_routing(
+    votes, bias, iterations, leaky=False, return_couplings=False, jit_compile=False
+):
     """Routing-by-agreement (Procedure 1 of the paper), compiled as a graph.
 
     For every example separately, the logits `b_ij` start at zero; each
@@ -55,6 +57,13 @@ def dynamic_routing(votes, bias, iterations, leaky=False, return_couplings=False
     against an `[batch, input, output, dim]` layout with einsums (586 -> 320 ms
     forward+backward at batch 100 on 2 CPU cores).
 
+    With `jit_compile=True` the iterations are unrolled and compiled by XLA
+    as one cluster (fused softmax, squash and sums; about a second to compile
+    per input shape), which cut the class-capsule layer's forward+backward
+    time at batch 100 from 216 to 140 ms (float32) and from 217 to 132 ms
+    (mixed bfloat16) on 2 CPU cores. XLA cannot return the couplings, so
+    `return_couplings=True` always takes the `tf.while_loop`.
+
     Args:
         votes: `u_hat`, float tensor `[batch, output_capsules, input_capsules,
             output_dim]`: `votes[b, j, i] = u_hat_j|i`.
@@ -64,12 +73,23 @@ def dynamic_routing(votes, bias, iterations, leaky=False, return_couplings=False
             int tensor).
         leaky: use leaky routing (an extra zero logit that absorbs votes).
         return_couplings: also return the couplings of every iteration.
+        jit_compile: compile the routing with XLA (needs a python int
+            `iterations`; ignored with `return_couplings`).
 
     Returns:
         `v`, `[batch, output_capsules, output_dim]`; with `return_couplings`,
         `(v, couplings)` where couplings is `[batch, iterations,
         input_capsules, output_capsules]`.
     """
+    if jit_compile and not return_couplings:
+        if not isinstance(iterations, int) or isinstance(iterations, bool):
+            raise ValueError(
+                "`jit_compile=True` unrolls the routing loop and needs a python "
+                f"int number of iterations. Received: iterations={iterations!r}"
+            )
+        if bias is not None:  # e.g. a Keras variable, which tf.function cannot take
+            bias = tf.convert_to_tensor(bias)
+        return _xla_routing(tf.convert_to_tensor(votes), bias, iterations, leaky)
     if tf.executing_eagerly():
         return _compiled_routing(votes, bias, iterations, leaky, return_couplings)
     return _routing_graph(votes, bias, iterations, leaky, return_couplings)
@@ -80,22 +100,11 @@ def _routing_graph(votes, bias, iterations, leaky, return_couplings):
     iterations = tf.convert_to_tensor(iterations, tf.int32)
     logits = tf.zeros(tf.shape(votes)[:3], dtype=votes.dtype)  # [batch, out, in]
 
-    def outputs_for(logits):
-        coupling = _coupling(logits, leaky)
-        # s_j = sum_i c_ij u_hat_j|i: [b, j, 1, i] @ [b, j, i, e] -> [b, j, e]
-        # (expand_dims/squeeze, not [:, :, None]: TFLite lacks new-axis slices)
-        preactivation = tf.squeeze(tf.matmul(tf.expand_dims(coupling, 2), votes), 2)
-        if bias is not None:
-            preactivation = preactivation + bias
-        return squash(preactivation, axis=-1), coupling
-
     def body(step, logits, *history):
-        activation, coupling = outputs_for(logits)
+        activation, coupling = _routing_outputs(votes, bias, logits, leaky)
         if return_couplings:
             history = (history[0].write(step, coupling),)
-        # <u_hat_j|i, v_j>: [b, j, i, e] @ [b, j, e, 1] -> [b, j, i]
-        agreement = tf.squeeze(tf.matmul(votes, tf.expand_dims(activation, -1)), -1)
-        return (step + 1, logits + agreement, *history)
+        return (step + 1, logits + _agreement(votes, activation), *history)
 
     history = ()
     if return_couplings:
@@ -107,15 +116,48 @@ def _routing_graph(votes, bias, iterations, leaky, return_couplings):
         # A known trip count lets XLA (jit_compile) differentiate the loop.
         maximum_iterations=iterations - 1,
     )
-    activation, coupling = outputs_for(logits)
+    activation, coupling = _routing_outputs(votes, bias, logits, leaky)
     if not return_couplings:
         return activation
     couplings = history[0].write(step, coupling).stack()  # [iterations, b, j, i]
     return activation, tf.transpose(couplings, (1, 0, 3, 2))
 
 
+def _routing_outputs(votes, bias, logits, leaky):
+    """`(v_j, c_ij)` for the current logits: one routing iteration's outputs."""
+    coupling = _coupling(logits, leaky)
+    # s_j = sum_i c_ij u_hat_j|i: [b, j, 1, i] @ [b, j, i, e] -> [b, j, e]
+    # (expand_dims/squeeze, not [:, :, None]: TFLite lacks new-axis slices)
+    preactivation = tf.squeeze(tf.matmul(tf.expand_dims(coupling, 2), votes), 2)
+    if bias is not None:
+        preactivation = preactivation + bias
+    return squash(preactivation, axis=-1), coupling
+
+
+def _agreement(votes, activation):
+    """`<u_hat_j|i, v_j>`: [b, j, i, e] @ [b, j, e, 1] -> [b, j, i]."""
+    return tf.squeeze(tf.matmul(votes, tf.expand_dims(activation, -1)), -1)
+
+
+def _unrolled_routing(votes, bias, iterations, leaky):
+    """`dynamic_routing` with the iterations unrolled, for XLA to fuse.
+
+    The same computation as `_routing_graph` (without couplings), written as
+    straight-line code because a `tf.while_loop`'s gradient accumulators
+    cannot leave an XLA cluster that is nested in a TensorFlow graph.
+    """
+    logits = tf.zeros(tf.shape(votes)[:3], dtype=votes.dtype)
+    for _ in range(iterations - 1):
+        activation, _ = _routing_outputs(votes, bias, logits, leaky)
+        logits = logits + _agreement(votes, activation)
+    return _routing_outputs(votes, bias, logits, leaky)[0]
+
+
 # One trace per (iterations, leaky, return_couplings) and dtype; any batch size.
 _compiled_routing = tf.function(_routing_graph, reduce_retracing=True, autograph=False)
+# XLA-compiled per input shape (about a second each on 2 CPU cores); used for
+# training calls by default, where the batch size rarely changes.
+_xla_routing = tf.function(_unrolled_routing, jit_compile=True, autograph=False)
 
 
 @keras.saving.register_keras_serializable(package="capsnet_tf")
@@ -141,10 +183,16 @@ class CapsuleLayer(keras.layers.Layer):
             default truncated normal with standard deviation 0.1 (official).
         bias_initializer: initializer of the `[num_capsules, capsule_dim]`
             bias.
+        jit_compile: when the routing is compiled with XLA (see
+            `dynamic_routing`): `"training"` (default) in training calls
+            only, so inference and exported models keep one graph for every
+            batch size; `True` always; `False` never.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
         inputs: capsules `[batch, input_capsules, input_dim]`.
+        training: python bool or `None`; training calls use XLA routing
+            when `jit_compile="training"`.
         return_couplings: python bool; also return the coupling coefficients
             of every routing iteration.
 
@@ -179,9 +227,15 @@ class CapsuleLayer(keras.layers.Layer):
         use_bias=True,
         kernel_initializer=None,
         bias_initializer="zeros",
+        jit_compile="training",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if jit_compile not in (True, False, "training"):
+            raise ValueError(
+                "`jit_compile` must be True, False or 'training'. "
+                f"Received: jit_compile={jit_compile!r}"
+            )
         for name, value in (
             ("num_capsules", num_capsules),
             ("capsule_dim", capsule_dim),
@@ -198,6 +252,7 @@ class CapsuleLayer(keras.layers.Layer):
         self.routing_iterations = routing_iterations
         self.leaky_routing = bool(leaky_routing)
         self.use_bias = bool(use_bias)
+        self.jit_compile = jit_compile
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.input_spec = keras.layers.InputSpec(ndim=3)
@@ -226,7 +281,7 @@ class CapsuleLayer(keras.layers.Layer):
             ndim=3, axes={-2: input_capsules, -1: input_dim}
         )
 
-    def call(self, inputs, return_couplings=False):
+    def call(self, inputs, training=None, return_couplings=False):
         kernel = ops.cast(self.kernel, inputs.dtype)
         input_capsules, _, input_dim, _ = self.kernel.shape
         # votes[b, j, i] = u[b, i] @ kernel[i, j]: a batched matmul over i that
@@ -257,6 +312,8 @@ class CapsuleLayer(keras.layers.Layer):
             self.routing_iterations,
             leaky=self.leaky_routing,
             return_couplings=return_couplings,
+            jit_compile=self.jit_compile is True
+            or (self.jit_compile == "training" and bool(training)),
         )
         if return_couplings:
             activation, couplings = result
@@ -266,7 +323,7 @@ class CapsuleLayer(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_capsules, self.capsule_dim)
 
-    def compute_output_spec(self, inputs, return_couplings=False):
+    def compute_output_spec(self, inputs, training=None, return_couplings=False):
         """Symbolic outputs from the hand-written shapes (no tracing of routing)."""
         output = keras.KerasTensor(
             self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
@@ -291,6 +348,7 @@ class CapsuleLayer(keras.layers.Layer):
             "routing_iterations": self.routing_iterations,
             "leaky_routing": self.leaky_routing,
             "use_bias": self.use_bias,
+            "jit_compile": self.jit_compile,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
         }

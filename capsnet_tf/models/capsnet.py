@@ -98,6 +98,9 @@ class CapsNet(keras.Model):
             release's truncated normal 0.1, first convolution 0.05, biases 0.1).
         num_targets: objects per image to reconstruct: 1, or 2 for the
             two-digit MultiMNIST model.
+        routing_jit_compile: when the class capsules' routing is compiled
+            with XLA: `"training"` (default; training calls only), `True` or
+            `False` (see `CapsuleLayer`).
         **kwargs: `keras.Model` arguments such as `name`.
 
     Call arguments:
@@ -140,6 +143,7 @@ class CapsNet(keras.Model):
         official_primary_scaling=False,
         initializer="keras",
         num_targets=1,
+        routing_jit_compile="training",
         **kwargs,
     ):
         if initializer not in _INITIALIZERS:
@@ -203,6 +207,7 @@ class CapsNet(keras.Model):
             leaky_routing=leaky_routing,
             kernel_initializer=capsule_kernel,
             bias_initializer=capsule_bias,
+            jit_compile=routing_jit_compile,
             name="class_capsules",
         )
         self.length = Length(dtype=precise_dtype, name="length")
@@ -259,6 +264,7 @@ class CapsNet(keras.Model):
         self.official_primary_scaling = official_primary_scaling
         self.initializer = initializer
         self.num_targets = num_targets
+        self.routing_jit_compile = routing_jit_compile
 
     def _capsules(self, image):
         return self.class_capsules(self.primary_capsules(self.conv(image)))
@@ -325,6 +331,7 @@ class CapsNet(keras.Model):
             "official_primary_scaling": self.official_primary_scaling,
             "initializer": self.initializer,
             "num_targets": self.num_targets,
+            "routing_jit_compile": self.routing_jit_compile,
         }
 
     @classmethod

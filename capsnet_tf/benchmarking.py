@@ -1,0 +1,138 @@
+"""Measurement helpers of `experiments/benchmark.py`: FLOP counts, timing, fits.
+
+Flag-free, so notebooks and tests can use them: `alternate` times several
+functions in alternation (a shared machine's speed drifts, so references and
+models are measured round by round), `conv_ceilings` builds the float32
+PrimaryCaps-convolution reference, `linear_fit` fits cost against batch size
+or routing iterations.
+"""
+
+import resource
+import statistics
+import sys
+import time
+
+import tensorflow as tf
+
+__all__ = [
+    "alternate",
+    "blocking",
+    "conv_ceilings",
+    "linear_fit",
+    "model_flops_per_image",
+    "peak_rss_gib",
+    "primary_conv_flops",
+    "summary",
+]
+
+
+def model_flops_per_image(routing_iterations=3):
+    """Forward FLOPs (multiply-adds x 2) of the MNIST CapsNet, per image."""
+    conv1 = 2 * 20 * 20 * 9 * 9 * 1 * 256
+    primary = 2 * 6 * 6 * 9 * 9 * 256 * 256
+    votes = 2 * 1152 * 10 * 8 * 16
+    # per iteration: weighted sum (2 i j e) + agreement (2 i j e) except the last
+    routing = 2 * 1152 * 10 * 16 * (2 * routing_iterations - 1)
+    decoder = 2 * (160 * 512 + 512 * 1024 + 1024 * 784)
+    return conv1 + primary + votes + routing + decoder
+
+
+def primary_conv_flops(batch, backward=True):
+    """FLOPs of the PrimaryCaps convolution: forward, or forward + 2 gradients."""
+    forward = 2 * batch * 6 * 6 * 9 * 9 * 256 * 256
+    return 3 * forward if backward else forward
+
+
+def summary(values):
+    """Median, range and count of a list of numbers."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def linear_fit(xs, ys):
+    """Least-squares line `y = slope x + intercept` and its largest relative miss."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum(
+        (x - mean_x) ** 2 for x in xs
+    )
+    intercept = mean_y - slope * mean_x
+    deviation = max(abs(y - (slope * x + intercept)) / y for x, y in zip(xs, ys))
+    return {"slope": slope, "intercept": intercept, "largest_relative_deviation": deviation}
+
+
+def peak_rss_gib():
+    """Peak resident memory of this process so far, in GiB.
+
+    Linux's `VmHWM` (the high-water mark of this process's own memory): unlike
+    `getrusage`'s `ru_maxrss`, it starts afresh at `exec`, so a subprocess
+    does not report its parent's peak. Falls back to `ru_maxrss` elsewhere.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / 2**30 if sys.platform == "darwin" else maxrss / 2**20
+
+
+def blocking(result):
+    """Fetches a step's results, so the timer includes the work itself."""
+
+    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)
+
+
+def alternate(functions, rounds, steps, warmup):
+    """Seconds per call of each function, measured in alternation.
+
+    Every function runs `warmup` untimed calls first; then each round times
+    `steps` calls of every function in turn.
+
+    Returns:
+        Dict name -> list of seconds per call, one entry per round.
+    """
+    for function in functions.values():
+        for _ in range(warmup):
+            blocking(function())
+    times = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                result = function()
+            blocking(result)
+            times[name].append((time.perf_counter() - start) / steps)
+    return times
+
+
+
+
+def conv_ceilings(batch):
+    """Float32 forward+backward and forward-only PrimaryCaps convolutions."""
+
+    inputs = tf.Variable(tf.random.uniform((batch, 20, 20, 256), seed=1))
+    kernel = tf.Variable(tf.random.normal((9, 9, 256, 256), stddev=0.01, seed=2))
+    upstream = tf.random.normal((batch, 6, 6, 256), seed=3)
+
+    @tf.function
+    def forward_backward():
+        with tf.GradientTape() as tape:
+            outputs = tf.nn.conv2d(inputs, kernel, 2, "VALID")
+        gradients = tape.gradient(outputs, [inputs, kernel], output_gradients=upstream)
+        # Returning the outputs keeps the forward convolution in the graph:
+        # nothing else needs its values, and an unused one is pruned.
+        return outputs, gradients
+
+    @tf.function
+    def forward():
+        return tf.nn.conv2d(inputs, kernel, 2, "VALID")
+
+    return forward_backward, forward
+
+

@@ -1,0 +1,95 @@
+"""experiments/benchmark.py and capsnet_tf.benchmarking: FLOPs, ceiling, a tiny run.
+
+No test here asserts a time: the run checks that every section produces its
+numbers and that the derived ratios are the ones the raw times give.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from capsnet_tf import benchmarking
+from tests.conftest import REPO_ROOT
+
+SCRIPT = os.path.join(REPO_ROOT, "experiments", "benchmark.py")
+
+
+def test_flop_counts_match_the_issue_and_paper():
+    forward = benchmarking.model_flops_per_image(3)
+    # The issue: about 0.41 GFLOP per image forward, 94% in the PrimaryCaps conv.
+    assert 0.40e9 < forward < 0.42e9
+    share = benchmarking.primary_conv_flops(1, backward=False) / forward
+    assert 0.93 < share < 0.95
+    # Each routing iteration adds the weighted sum and the agreement: 2 * 2 i j e.
+    assert benchmarking.model_flops_per_image(4) - forward == 2 * 2 * 1152 * 10 * 16
+
+
+def test_linear_fit_recovers_a_line():
+    fit = benchmarking.linear_fit([1, 2, 4, 8], [3.0 + 0.5 * x for x in (1, 2, 4, 8)])
+    assert fit["slope"] == pytest.approx(0.5)
+    assert fit["intercept"] == pytest.approx(3.0)
+    assert fit["largest_relative_deviation"] == pytest.approx(0.0, abs=1e-12)
+    bent = benchmarking.linear_fit([1, 2, 3], [1.0, 1.0, 2.0])
+    assert bent["largest_relative_deviation"] > 0.1
+
+
+def test_ceiling_keeps_its_forward_convolution():
+    forward_backward, forward = benchmarking.conv_ceilings(1)
+    outputs, (input_grad, kernel_grad) = forward_backward()
+    np.testing.assert_allclose(outputs.numpy(), forward().numpy(), rtol=1e-5, atol=1e-5)
+    assert input_grad.shape == (1, 20, 20, 256) and kernel_grad.shape == (9, 9, 256, 256)
+    graph = forward_backward.get_concrete_function().graph
+    kinds = {op.type for op in graph.get_operations()}
+    assert {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"} <= kinds
+
+
+def test_tiny_run_writes_every_section(tmp_path):
+    output = tmp_path / "results"
+    command = [
+        sys.executable, SCRIPT, f"--output_dir={output}", "--batch_size=8",
+        "--inference_batch_size=4", "--rounds=2", "--steps=1", "--warmup=1",
+        "--scaling_batch_sizes=2,4", "--scaling_iterations=1,3", "--scaling_rounds=1",
+        "--memory_batch_sizes=2,4", "--latency_calls=3",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((output / "benchmark.json").read_text())
+    sections = ["train", "inference", "pipeline", "scaling", "memory"]
+    assert results["settings"]["sections"] == sections
+    train = results["train"]
+    for precision in ("float32", "bfloat16"):
+        entry = train[precision]
+        assert entry["images_per_second"]["n"] == 2
+        # The median fraction lies within the per-round extremes the raw rates give.
+        rates = [8 / t for t in (entry["step_seconds"]["min"], entry["step_seconds"]["max"])]
+        assert entry["images_per_second"]["max"] == pytest.approx(max(rates))
+        assert 0 < entry["fraction_of_float32_ceiling"]["median"] < 5
+    assert train["bfloat16"]["speedup_over_float32"]["median"] > 0
+    inference = results["inference"]
+    assert inference["saved_model"]["images_per_second"]["median"] > 0
+    assert inference["single_image_latency_ms"]["n"] == 3
+    assert results["pipeline"]["images_per_second"]["median"] > 0
+    assert results["pipeline"]["over_float32_training_rate"] > 0
+    scaling = results["scaling"]
+    assert set(scaling["step_seconds_by_batch"]) == {"2", "4"}
+    assert set(scaling["step_seconds_by_iterations"]) == {"1", "3"}
+    assert 0 < scaling["routing_share_of_step"]["median"] < 1
+    memory = results["memory"]
+    assert [row["batch_size"] for row in memory["runs"]] == [2, 4]
+    assert all(row["peak_gib"] >= row["after_build_gib"] > 0.1 for row in memory["runs"])
+    table = (output / "benchmark.md").read_text()
+    assert "fraction of the float32 ceiling" in table and "speed-up over float32" in table
+
+
+def test_unknown_section_is_refused(tmp_path):
+    done = subprocess.run(
+        [sys.executable, SCRIPT, f"--output_dir={tmp_path}", "--sections=train,speed"],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+    )
+    assert done.returncode != 0
+    assert "--sections" in done.stderr and "speed" in done.stderr
+    assert not os.listdir(tmp_path)
