@@ -130,6 +130,47 @@ def test_xla_routing_needs_python_iterations():
         CapsuleLayer(3, 5, jit_compile="always")
 
 
+@pytest.mark.parametrize("chunk_size", [1, 7, 16])
+def test_inference_in_chunks_matches_the_whole_batch(chunk_size, monkeypatch):
+    calls = []
+    in_chunks = capsule_layer._in_chunks
+    monkeypatch.setattr(
+        capsule_layer, "_in_chunks", lambda *args: calls.append(1) or in_chunks(*args)
+    )
+    rng = np.random.default_rng(3)
+    whole = CapsuleLayer(3, 5, inference_chunk_size=None, dtype="float64")
+    whole.build((None, 6, 4))
+    whole.set_weights([rng.normal(scale=0.5, size=(6, 3, 4, 5)), rng.normal(size=(3, 5))])
+    chunked = CapsuleLayer.from_config({**whole.get_config(), "inference_chunk_size": chunk_size})
+    chunked.build((None, 6, 4))
+    chunked.set_weights(whole.get_weights())
+    inputs = rng.normal(size=(17, 6, 4))
+    graph = tf.function(lambda x: chunked(x, training=False), reduce_retracing=True)
+    for size in (1, 6, 7, 16, 17):  # shorter, equal and longer than a chunk
+        expected = whole(inputs[:size]).numpy()
+        np.testing.assert_allclose(chunked(inputs[:size]).numpy(), expected, rtol=1e-12)
+        np.testing.assert_allclose(graph(inputs[:size]).numpy(), expected, rtol=1e-12)
+    # Gradients flow through the chunk loop as through the whole batch.
+    x = tf.constant(inputs[:9])
+    grads = []
+    for layer in (whole, chunked):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(layer(x, training=False) ** 2)
+        grads.append(tape.gradient(loss, [x, layer.kernel]))
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
+    assert len(calls) > 0
+    # Not in training calls, nor where XLA compiles the caller (shapes must be static).
+    calls.clear()
+    chunked(inputs, training=True)
+    xla = tf.function(lambda x: chunked(x, training=False), jit_compile=True)
+    np.testing.assert_allclose(xla(inputs).numpy(), whole(inputs).numpy(), rtol=1e-10)
+    assert not calls
+    with pytest.raises(ValueError, match="inference_chunk_size"):
+        CapsuleLayer(3, 5, inference_chunk_size=0)
+
+
 def test_float32_layer_is_close_to_reference():
     layer64, inputs, kernel, bias = make_layer(3, False)
     layer = CapsuleLayer(3, 5, dtype="float32")

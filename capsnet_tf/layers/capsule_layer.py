@@ -160,6 +160,60 @@ _compiled_routing = tf.function(_routing_graph, reduce_retracing=True, autograph
 _xla_routing = tf.function(_unrolled_routing, jit_compile=True, autograph=False)
 
 
+def _in_chunks(function, inputs, chunk_size, output_tail):
+    """`function(inputs)` computed at most `chunk_size` examples at a time.
+
+    The batch is cut into `ceil(batch / chunk_size)` equal chunks (zero rows
+    pad the last one; their results are dropped), run one after another in a
+    `tf.while_loop`: one graph for every batch size, and each chunk's votes
+    stay in the CPU's caches through all routing iterations instead of
+    streaming the whole batch's votes from memory five times. Each chunk's
+    result is padded into place and added, so the loop holds no tensor lists
+    (TFLite converts it with built-in operators).
+    """
+    batch = tf.shape(inputs)[0]
+    count = tf.maximum((batch + chunk_size - 1) // chunk_size, 1)
+    size = (batch + count - 1) // count
+    total = count * size
+    rank = inputs.shape.rank
+    padded = tf.pad(inputs, [[0, total - batch]] + [[0, 0]] * (rank - 1))
+
+    def body(index, results):
+        start = index * size
+        chunk = tf.slice(padded, [start] + [0] * (rank - 1), [size] + [-1] * (rank - 1))
+        placed = tf.pad(
+            function(chunk), [[start, total - start - size]] + [[0, 0]] * len(output_tail)
+        )
+        placed.set_shape(results.shape)  # known when the batch size is
+        return index + 1, results + placed
+
+    results = tf.zeros(tf.concat([[total], output_tail], 0), inputs.dtype)
+    _, results = tf.while_loop(
+        lambda index, _: index < count,
+        body,
+        (tf.constant(0), results),
+        parallel_iterations=1,
+    )
+    return results[:batch]
+
+
+def _in_xla_context():
+    """Whether the caller is being traced for XLA (`tf.function(jit_compile=True)`).
+
+    Uses TensorFlow's own test (the one its control flow uses); if that
+    private helper ever disappears, assume XLA, which only turns off the
+    inference chunking.
+    """
+    try:
+        from tensorflow.python.framework import ops as framework_ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - depends on TensorFlow's internals
+        return True
+    if tf.executing_eagerly():
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(framework_ops.get_default_graph())
+
+
 @keras.saving.register_keras_serializable(package="capsnet_tf")
 class CapsuleLayer(keras.layers.Layer):
     """A fully connected capsule layer with dynamic routing.
@@ -187,6 +241,12 @@ class CapsuleLayer(keras.layers.Layer):
             `dynamic_routing`): `"training"` (default) in training calls
             only, so inference and exported models keep one graph for every
             batch size; `True` always; `False` never.
+        inference_chunk_size: inference calls (not training, no XLA, no
+            couplings, no GPU visible) route the batch this many examples at
+            a time, so each chunk's votes stay in the CPU caches through the
+            routing iterations: the layer's forward pass at batch 256 took
+            100 instead of 123 ms on 2 CPU cores with chunks of 16. `None`
+            routes the whole batch at once. Results do not depend on it.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -228,6 +288,7 @@ class CapsuleLayer(keras.layers.Layer):
         kernel_initializer=None,
         bias_initializer="zeros",
         jit_compile="training",
+        inference_chunk_size=16,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -253,6 +314,16 @@ class CapsuleLayer(keras.layers.Layer):
         self.leaky_routing = bool(leaky_routing)
         self.use_bias = bool(use_bias)
         self.jit_compile = jit_compile
+        if inference_chunk_size is not None and (
+            not isinstance(inference_chunk_size, int)
+            or isinstance(inference_chunk_size, bool)
+            or inference_chunk_size < 1
+        ):
+            raise ValueError(
+                "`inference_chunk_size` must be a positive integer or None. "
+                f"Received: inference_chunk_size={inference_chunk_size!r}"
+            )
+        self.inference_chunk_size = inference_chunk_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.input_spec = keras.layers.InputSpec(ndim=3)
@@ -282,6 +353,27 @@ class CapsuleLayer(keras.layers.Layer):
         )
 
     def call(self, inputs, training=None, return_couplings=False):
+        jit_compile = self.jit_compile is True or (
+            self.jit_compile == "training" and bool(training)
+        )
+        if (
+            self.inference_chunk_size is None
+            or training
+            or return_couplings
+            or jit_compile
+            or tf.config.list_logical_devices("GPU")
+            or _in_xla_context()
+        ):
+            return self._route(inputs, return_couplings, jit_compile)
+        return _in_chunks(
+            lambda chunk: self._route(chunk, False, False),
+            inputs,
+            self.inference_chunk_size,
+            (self.num_capsules, self.capsule_dim),
+        )
+
+    def _route(self, inputs, return_couplings, jit_compile):
+        """Votes and routing for a batch of input capsules."""
         kernel = ops.cast(self.kernel, inputs.dtype)
         input_capsules, _, input_dim, _ = self.kernel.shape
         # votes[b, j, i] = u[b, i] @ kernel[i, j]: a batched matmul over i that
@@ -312,8 +404,7 @@ class CapsuleLayer(keras.layers.Layer):
             self.routing_iterations,
             leaky=self.leaky_routing,
             return_couplings=return_couplings,
-            jit_compile=self.jit_compile is True
-            or (self.jit_compile == "training" and bool(training)),
+            jit_compile=jit_compile,
         )
         if return_couplings:
             activation, couplings = result
@@ -349,6 +440,7 @@ class CapsuleLayer(keras.layers.Layer):
             "leaky_routing": self.leaky_routing,
             "use_bias": self.use_bias,
             "jit_compile": self.jit_compile,
+            "inference_chunk_size": self.inference_chunk_size,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
         }
