@@ -122,6 +122,21 @@ def test_xla_routing_gradients_match_numerical():
     assert np.abs(theoretical[0]).max() > 1e-2
 
 
+def test_routing_gradient_of_a_variable_at_full_size():
+    # votes of the MNIST model at batch 100, passed as a variable: repeated
+    # gradients used to fail with AlreadyExistsError in the loop's AddN.
+    votes = tf.Variable(tf.random.normal((100, 10, 1152, 16), stddev=0.05, seed=1))
+
+    @tf.function
+    def gradient():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(dynamic_routing(votes, None, 3) ** 2)
+        return tape.gradient(loss, votes)
+
+    for _ in range(6):
+        assert np.isfinite(gradient().numpy()).all()
+
+
 def test_xla_routing_needs_python_iterations():
     votes = tf.zeros((2, 3, 4, 5))
     with pytest.raises(ValueError, match="python int"):

@@ -97,6 +97,10 @@ def dynamic_routing(
 
 def _routing_graph(votes, bias, iterations, leaky, return_couplings):
     """The body of `dynamic_routing`, for tracing into a graph."""
+    # A variable read straight into the loop made the gradient's accumulation
+    # fail at large sizes (AlreadyExistsError on an AddN temporary, TF 2.21);
+    # an identity gives the loop a plain tensor, as the layer always does.
+    votes = tf.identity(votes)
     iterations = tf.convert_to_tensor(iterations, tf.int32)
     logits = tf.zeros(tf.shape(votes)[:3], dtype=votes.dtype)  # [batch, out, in]
 
