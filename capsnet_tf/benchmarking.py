@@ -17,10 +17,12 @@ import tensorflow as tf
 __all__ = [
     "alternate",
     "blocking",
+    "call_seconds",
     "conv_ceilings",
     "linear_fit",
     "model_flops_per_image",
     "peak_rss_gib",
+    "percentile",
     "primary_conv_flops",
     "summary",
 ]
@@ -84,7 +86,6 @@ def peak_rss_gib():
 
 def blocking(result):
     """Fetches a step's results, so the timer includes the work itself."""
-
     tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)
 
 
@@ -111,11 +112,26 @@ def alternate(functions, rounds, steps, warmup):
     return times
 
 
+def call_seconds(function, repeats, warmup):
+    """Seconds of each of `repeats` calls of `function`, after `warmup` calls."""
+    for _ in range(warmup):
+        function()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def percentile(values, fraction):
+    """The value at `fraction` (0-1) of the sorted values, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
 def conv_ceilings(batch):
     """Float32 forward+backward and forward-only PrimaryCaps convolutions."""
-
     inputs = tf.Variable(tf.random.uniform((batch, 20, 20, 256), seed=1))
     kernel = tf.Variable(tf.random.normal((9, 9, 256, 256), stddev=0.01, seed=2))
     upstream = tf.random.normal((batch, 6, 6, 256), seed=3)

@@ -94,8 +94,8 @@ _MEMORY_PROBE = flags.DEFINE_integer(
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data directory.")
 
 
-def _ratios(numerators, denominators, scale=1.0):
-    return benchmarking.summary([scale * n / d for n, d in zip(numerators, denominators)])
+def _ratios(numerators, denominators):
+    return benchmarking.summary([n / d for n, d in zip(numerators, denominators)])
 
 
 def _build(precision, routing_iterations=None, jit_compile=None):
@@ -215,18 +215,15 @@ def run_inference(results, models):
             ),
         }
     single = tf.cast(images[:1] * 255, tf.uint8)
-    for _ in range(10):
-        benchmarking.blocking(serving_uint8(images=single))
-    latencies = []
-    for _ in range(_LATENCY_CALLS.value):
-        start = time.perf_counter()
-        benchmarking.blocking(serving_uint8(images=single))
-        latencies.append(time.perf_counter() - start)
-    latencies.sort()
+    latencies = benchmarking.call_seconds(
+        lambda: benchmarking.blocking(serving_uint8(images=single)),
+        _LATENCY_CALLS.value,
+        warmup=10,
+    )
     section["single_image_latency_ms"] = {
         "median": 1000 * statistics.median(latencies),
-        "p90": 1000 * latencies[int(0.9 * (len(latencies) - 1))],
-        "min": 1000 * latencies[0],
+        "p90": 1000 * benchmarking.percentile(latencies, 0.9),
+        "min": 1000 * min(latencies),
         "n": len(latencies),
     }
     results["inference"] = section
@@ -273,9 +270,15 @@ def run_scaling(results):
     base = _build("float32")
     functions = {f"batch_{b}": _train_step(base, _batch(b)) for b in batch_sizes}
     data = _batch(_BATCH_SIZE.value)
+    # The step at --batch_size and --routing_iterations is one point of both
+    # lines and the routing's denominator: timed once.
+    reference = f"batch_{_BATCH_SIZE.value}"
+    if reference not in functions:
+        functions[reference] = _train_step(base, data)
     for count in iterations:
-        model = base if count == _ROUTING.value else _build("float32", routing_iterations=count)
-        functions[f"iterations_{count}"] = _train_step(model, data)
+        if count != _ROUTING.value:
+            model = _build("float32", routing_iterations=count)
+            functions[f"iterations_{count}"] = _train_step(model, data)
     layer = base.class_capsules
     votes = tf.Variable(
         tf.random.normal((_BATCH_SIZE.value, 10, 1152, 16), stddev=0.01, seed=4)
@@ -286,15 +289,14 @@ def run_scaling(results):
         with tf.GradientTape() as tape:
             # The layer's own routing call in training, values and gradients.
             outputs = dynamic_routing(
-                votes * 1.0, layer.bias, _ROUTING.value,
+                votes, layer.bias, _ROUTING.value,
                 jit_compile=layer.jit_compile in (True, "training"),
             )
         return outputs, tape.gradient(outputs, [votes, layer.bias], output_gradients=outputs)
 
     functions["routing_alone"] = routing_step
-    if f"iterations_{_ROUTING.value}" not in functions:
-        functions[f"iterations_{_ROUTING.value}"] = _train_step(base, data)
     times = benchmarking.alternate(functions, _SCALING_ROUNDS.value, _STEPS.value, _WARMUP.value)
+    times[f"iterations_{_ROUTING.value}"] = times[reference]
     median = {name: statistics.median(t) for name, t in times.items()}
     results["scaling"] = {
         "step_seconds_by_batch": {b: median[f"batch_{b}"] for b in batch_sizes},
@@ -306,9 +308,7 @@ def run_scaling(results):
             iterations, [median[f"iterations_{i}"] for i in iterations]
         ),
         "routing_seconds": benchmarking.summary(times["routing_alone"]),
-        "routing_share_of_step": _ratios(
-            times["routing_alone"], times[f"iterations_{_ROUTING.value}"]
-        ),
+        "routing_share_of_step": _ratios(times["routing_alone"], times[reference]),
     }
 
 

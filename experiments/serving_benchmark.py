@@ -104,6 +104,9 @@ def directory_size(path):
     return total
 
 
+# _timed and _percentile are capsnet_tf.benchmarking's call_seconds and
+# percentile, kept here so that this script runs against a SavedModel where
+# capsnet_tf is not installed.
 def _timed(function, repeats, warmup):
     for _ in range(warmup):
         function()

@@ -37,6 +37,15 @@ def test_linear_fit_recovers_a_line():
     assert bent["largest_relative_deviation"] > 0.1
 
 
+def test_call_seconds_and_percentile():
+    calls = []
+    seconds = benchmarking.call_seconds(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(seconds) == 4 and len(calls) == 6 and all(s >= 0 for s in seconds)
+    assert benchmarking.percentile([5, 1, 3, 2, 4], 0.5) == 3
+    assert benchmarking.percentile([5, 1, 3, 2, 4], 0.9) == 5  # rank round(3.6) = 4
+    assert benchmarking.percentile([7.0], 0.9) == 7.0
+
+
 def test_ceiling_keeps_its_forward_convolution():
     forward_backward, forward = benchmarking.conv_ceilings(1)
     outputs, (input_grad, kernel_grad) = forward_backward()
