@@ -5,6 +5,7 @@ Reference:
     arXiv:1710.09829.
 """
 
+from capsnet_tf.ensemble import ensemble_scores, evaluate_ensemble
 from capsnet_tf.layers import CapsuleLayer, Length, Mask, PrimaryCapsule, dynamic_routing
 from capsnet_tf.losses import (
     RECONSTRUCTION_WEIGHT,
@@ -13,7 +14,6 @@ from capsnet_tf.losses import (
     margin_loss,
     reconstruction_loss,
 )
-from capsnet_tf.ensemble import ensemble_scores, evaluate_ensemble
 from capsnet_tf.metrics import MultiLabelAccuracy
 from capsnet_tf.models import PRESETS, BaselineCNN, CapsNet
 from capsnet_tf.ops import safe_norm, squash

@@ -30,6 +30,7 @@ Files written by Keras (`model.save_weights`, `ModelCheckpoint`,
 `BackupAndRestore`) load too, without the checks their attributes allow.
 """
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -159,10 +160,8 @@ def remove_stale_temporaries(filepath):
     """Deletes temporary files that a killed `save_weights_atomically(filepath)` left."""
     directory, prefix, suffix = _temporary_pattern(filepath)
     for path in glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(prefix)}*{suffix}")):
-        try:
+        with contextlib.suppress(OSError):
             os.remove(path)
-        except OSError:
-            pass
 
 
 def save_weights_atomically(
@@ -217,10 +216,8 @@ def save_weights_atomically(
             os.replace(filepath, previous)
         os.replace(temporary, filepath)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(temporary)
-        except OSError:
-            pass
         raise
     _fsync_directory(directory)
     return metadata
@@ -697,11 +694,9 @@ class TrainingStateBackup(keras.callbacks.Callback):
         self.last_saved = None
         if os.path.exists(self.previous_path):
             os.replace(self.previous_path, self.state_path)
-            try:
+            with contextlib.suppress(CheckpointError):
                 self.last_saved = dict(read_checkpoint_metadata(self.state_path),
                                        path=self.state_path)
-            except CheckpointError:
-                pass
         _fsync_directory(self.backup_dir)
         logging.warning(
             "Set the training backup of global step %d aside as %s: the loss diverged "

@@ -547,9 +547,10 @@ def export_saved_model(
     >>> with tempfile.TemporaryDirectory() as export_dir:
     ...     path = export_saved_model(model, export_dir, version=3)
     ...     loaded = tf.saved_model.load(path)
-    ...     print(os.path.basename(path), sorted(loaded.signatures),
-    ...           sorted(os.listdir(os.path.join(path, "assets"))))
-    3 ['decode', 'serving_default', 'serving_float'] ['README.txt', 'capsnet_metadata.json', 'labels.txt']
+    ...     print(os.path.basename(path), sorted(loaded.signatures))
+    ...     print(sorted(os.listdir(os.path.join(path, "assets"))))
+    3 ['decode', 'serving_default', 'serving_float']
+    ['README.txt', 'capsnet_metadata.json', 'labels.txt']
     """
     target = check_export_target(export_dir, version, overwrite)
     export_dir = os.fspath(export_dir)

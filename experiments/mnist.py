@@ -202,6 +202,7 @@ def main(argv):
             "extra argument(s); pass --helpshort to see the flags."
         )
     from capsnet_tf.data import DatasetNotFoundError
+    from capsnet_tf.extras import MissingDependencyError
     from capsnet_tf.training import (
         ExperimentConfig,
         IncompatibleWorkdirError,
@@ -249,7 +250,9 @@ def main(argv):
     try:
         run = train_ensemble if config.num_trials > 1 else train_and_evaluate
         results = run(config, _WORKDIR.value, overwrite=_OVERWRITE.value)
-    except (DatasetNotFoundError, IncompatibleWorkdirError, ValueError) as error:
+    except (
+        DatasetNotFoundError, IncompatibleWorkdirError, MissingDependencyError, ValueError
+    ) as error:
         sys.exit(f"error: {error}")
     print(
         f"Test accuracy: {100 * results['test_accuracy']:.2f}%  "

@@ -1,5 +1,7 @@
 """Expanded MNIST, the affNIST-style generated test set and the affNIST reader."""
 
+import sys
+
 import numpy as np
 import pytest
 import scipy.io
@@ -315,3 +317,14 @@ def test_clear_errors_for_missing_or_malformed_files(tmp_path):
     text.write_text("hello")
     with pytest.raises(ValueError, match="Unknown affNIST file type"):
         load_affnist(text)
+
+
+def test_missing_scipy_names_the_extra(tmp_path, monkeypatch):
+    """Without SciPy a .mat file stops with the install command, not a traceback."""
+    from capsnet_tf.extras import MissingDependencyError
+
+    path = tmp_path / "test.mat"
+    scipy.io.savemat(path, {"affNISTdata": {"image": np.zeros((1600, 1), np.uint8)}})
+    monkeypatch.setitem(sys.modules, "scipy.io", None)  # import scipy.io now fails
+    with pytest.raises(MissingDependencyError, match=r'pip install -e "\.\[affnist\]"'):
+        load_affnist(str(path))

@@ -79,8 +79,9 @@ def test_routing_matches_float64_reference(iterations, leaky):
     expected, expected_couplings = reference_routing(inputs, kernel, bias, iterations, leaky)
     outputs, couplings = layer(inputs, return_couplings=True)
     np.testing.assert_allclose(outputs.numpy(), expected, rtol=1e-6, atol=1e-8)  # epsilon in |s|
-    np.testing.assert_allclose(couplings.numpy(), expected_couplings, rtol=1e-6, atol=1e-8)  # epsilon in |s|
-    np.testing.assert_allclose(layer(inputs).numpy(), expected, rtol=1e-6, atol=1e-8)  # epsilon in |s|
+    # atol: the epsilon inside |s|.
+    np.testing.assert_allclose(couplings.numpy(), expected_couplings, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(layer(inputs).numpy(), expected, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("leaky", [False, True])

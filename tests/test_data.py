@@ -60,7 +60,7 @@ def test_test_pipeline_is_unshifted_and_in_order(tfds_data_dir):
     dataset, _ = make_dataset("mnist", "test", 16, training=False, take=16)
     inputs, _ = next(iter(dataset))
     originals, _ = load_tfds_split("mnist", "test[:16]")
-    for image, (original, label) in zip(inputs["image"].numpy(), originals):
+    for image, (original, _label) in zip(inputs["image"].numpy(), originals):
         np.testing.assert_allclose(image, original.numpy() / 255.0, rtol=1e-6)
 
 

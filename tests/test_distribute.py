@@ -298,7 +298,7 @@ def _mirrored_steps(output_path):
         "sgd_half": train(one, True, 1, sgd=True),
         "adam_two": train(two, False, 3, sgd=False),
     }
-    arrays = {"initial/%d" % i: w for i, w in enumerate(initial)}
+    arrays = {f"initial/{i}": w for i, w in enumerate(initial)}
     summary = {}
     for name, run in runs.items():
         arrays.update({f"{name}/{i}": w for i, w in enumerate(run.pop("weights"))})

@@ -118,7 +118,8 @@ def test_predict_function_accepts_rank_3_and_float_images(exported):
     _, inference, _, loaded = exported
     pixels = uint8_images(2, seed=2)
     expected = inference(pixels.astype("float32") / 255.0)["length"]
-    for images in (pixels, pixels[..., 0], pixels / np.float32(255), pixels[..., 0] / np.float32(255)):
+    scaled = pixels / np.float32(255)
+    for images in (pixels, pixels[..., 0], scaled, scaled[..., 0]):
         result = loaded.predict(tf.constant(images))
         np.testing.assert_allclose(result["probabilities"], expected, atol=1e-6)
 

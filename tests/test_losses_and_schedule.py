@@ -39,7 +39,8 @@ def test_margin_loss_with_two_labels_counts_both_present():
 def test_margin_loss_class_and_config():
     loss = MarginLoss()
     np.testing.assert_allclose(float(loss(LABELS, LENGTHS)), EXPECTED.mean(), rtol=1e-5)
-    restored = keras.losses.deserialize(keras.losses.serialize(MarginLoss(class_reduction="official")))
+    loss = MarginLoss(class_reduction="official")
+    restored = keras.losses.deserialize(keras.losses.serialize(loss))
     assert isinstance(restored, MarginLoss) and restored.class_reduction == "official"
     with pytest.raises(ValueError, match="class_reduction"):
         MarginLoss(class_reduction="mean")

@@ -24,7 +24,7 @@ TINY = [
 ]
 
 
-@functools.lru_cache(maxsize=None)  # absl flags can be defined once per process
+@functools.cache  # absl flags can be defined once per process
 def load_script():
     spec = importlib.util.spec_from_file_location("mnist_experiment", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -134,7 +134,6 @@ def test_load_trained_model_restores_weights_and_reports_bad_files(tfds_data_dir
     model, loaded_config = load_trained_model(workdir)
     assert loaded_config == config
     from capsnet_tf.data import make_dataset
-
     from capsnet_tf.training import compile_model
 
     test_data, _ = make_dataset("mnist", "test", 8, training=False, take=16)

@@ -24,7 +24,8 @@ def reference_primary_capsules(x, kernel, bias, types, dim, stride, official):
     for t in range(types):  # type-major order: (type, row, column)
         for r in range(out_h):
             for c in range(out_w):
-                capsules[:, t * out_h * out_w + r * out_w + c] = conv[:, r, c, t * dim : (t + 1) * dim]
+                position = t * out_h * out_w + r * out_w + c
+                capsules[:, position] = conv[:, r, c, t * dim : (t + 1) * dim]
     return numpy_squash(capsules)
 
 
@@ -52,7 +53,9 @@ def test_paper_shapes_give_1152_capsules():
 @pytest.mark.parametrize("official", [False, True])
 def test_matches_numpy_reference(official):
     rng = np.random.default_rng(1)
-    layer = PrimaryCapsule(2, 4, kernel_size=3, strides=2, official_scaling=official, dtype="float64")
+    layer = PrimaryCapsule(
+        2, 4, kernel_size=3, strides=2, official_scaling=official, dtype="float64"
+    )
     layer.build((None, 7, 7, 3))
     kernel, bias = rng.normal(size=(3, 3, 3, 8)), rng.normal(size=(8,))
     layer.set_weights([kernel, bias])

@@ -25,6 +25,7 @@ import tensorflow as tf
 from capsnet_tf.data.multimnist import load_mnist_arrays
 from capsnet_tf.data.pipeline import random_shift
 from capsnet_tf.data.spec import DatasetSpec
+from capsnet_tf.extras import require
 
 __all__ = [
     "affine_transform",
@@ -430,7 +431,7 @@ def _numeric_key(path):
 
 
 def _read_mat(path):
-    from scipy import io as scipy_io
+    scipy_io = require("scipy.io", "affnist", "Reading affNIST .mat files")
 
     try:
         contents = scipy_io.loadmat(path)
