@@ -20,6 +20,7 @@ can be called from a notebook the same way. The work directory holds:
 import csv
 import dataclasses
 import json
+import math
 import os
 import time
 
@@ -35,7 +36,14 @@ from capsnet_tf.data.registry import DATASETS, load_experiment_data
 from capsnet_tf.distribute import make_strategy, prepare_model, shard_by_data, worker_workdir
 from capsnet_tf.losses import MarginLoss, ReconstructionLoss
 from capsnet_tf.models.capsnet import CapsNet
-from capsnet_tf.schedules import FlooredExponentialDecay
+from capsnet_tf.progress import (
+    EpochTimer,
+    TargetAccuracy,
+    TestSetEvaluation,
+    WallClock,
+    last_logged,
+)
+from capsnet_tf.schedules import FlooredExponentialDecay, warmup_cosine_decay
 
 __all__ = [
     "ExperimentConfig",
@@ -77,8 +85,13 @@ class ExperimentConfig:
         epochs: training epochs.
         batch_size: examples per training and evaluation batch.
         learning_rate: Adam's initial learning rate.
-        decay_steps, decay_rate, minimum_learning_rate: the continuous
-            exponential decay of the learning rate (`FlooredExponentialDecay`).
+        schedule: `"exponential"` (the official continuous decay,
+            `FlooredExponentialDecay`) or `"cosine"` (linear warm-up over
+            `warmup_epochs` from a tenth of `learning_rate`, then cosine
+            decay to `minimum_learning_rate` at the end of `epochs`).
+        decay_steps, decay_rate, minimum_learning_rate: the exponential
+            decay; `minimum_learning_rate` is also the cosine's end.
+        warmup_epochs: `"cosine"`: epochs of linear warm-up.
         routing_iterations: routing iterations in the class capsules.
         leaky_routing: leaky routing.
         reconstruction: train the decoder with the reconstruction loss.
@@ -93,6 +106,14 @@ class ExperimentConfig:
         steps_per_epoch: stop each epoch after this many steps (None: all).
         eval_examples: evaluate on the first N test examples (None: all).
         train_examples: train on the first N training examples (None: all).
+        validation_examples: hold out the last N training examples as a
+            validation split (never trained on, never augmented) that
+            chooses the best checkpoint; the test set is then evaluated
+            every epoch beside it (`test_*` logs) but selects nothing. None:
+            the official behaviour, the test set as the validation data.
+        target_accuracy: stop at the first epoch whose test accuracy is at
+            least this, and record the time to it (`time_to_target.json`,
+            `results.json`). None: train all `epochs`.
         jit_compile: compile train/eval steps with XLA.
         mixed_precision: `"float32"`, `"bfloat16"` or `"float16"`.
         verbose: Keras verbosity for fit/evaluate (`"auto"`, 0, 1, 2).
@@ -116,6 +137,8 @@ class ExperimentConfig:
     epochs: int = 1
     batch_size: int = 128
     learning_rate: float = 1e-3
+    schedule: str = "exponential"
+    warmup_epochs: float = 0.0
     decay_steps: int = 2000
     decay_rate: float = 0.96
     minimum_learning_rate: float = 1e-6
@@ -133,6 +156,8 @@ class ExperimentConfig:
     steps_per_epoch: int | None = None
     eval_examples: int | None = None
     train_examples: int | None = None
+    validation_examples: int | None = None
+    target_accuracy: float | None = None
     jit_compile: bool = False
     mixed_precision: str = "float32"
     verbose: str | int = "auto"
@@ -153,12 +178,34 @@ class ExperimentConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-        for name in ("steps_per_epoch", "eval_examples", "train_examples", "backup_every_steps"):
+        for name in ("steps_per_epoch", "eval_examples", "train_examples", "backup_every_steps",
+                     "validation_examples"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be None or >= 1. Received: {name}={value!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"`learning_rate` must be > 0. Received: {self.learning_rate}")
+        if self.schedule not in ("exponential", "cosine"):
+            raise ValueError(
+                f"`schedule` must be exponential or cosine. Received: schedule={self.schedule!r}"
+            )
+        if self.warmup_epochs < 0 or self.warmup_epochs >= self.epochs:
+            raise ValueError(
+                "`warmup_epochs` must be >= 0 and less than `epochs`. "
+                f"Received: warmup_epochs={self.warmup_epochs}, epochs={self.epochs}"
+            )
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ValueError(
+                "`target_accuracy` must be in (0, 1] (0.995 for 99.5%). "
+                f"Received: target_accuracy={self.target_accuracy}"
+            )
+        if self.validation_examples is not None and self.dataset not in (
+            "mnist", "fashion_mnist"
+        ):
+            raise ValueError(
+                "`validation_examples` holds out training images of mnist or fashion_mnist "
+                f"only. Received: dataset={self.dataset!r}"
+            )
         if self.shift < 0:
             raise ValueError(f"`shift` must be >= 0. Received: shift={self.shift}")
         if self.reconstruction_weight < 0:
@@ -242,20 +289,33 @@ def accuracy_key(config):
     return "accuracy"
 
 
-def compile_model(model, config, num_targets=1):
-    """Compiles with Adam and the floored decay, and the losses of the model.
+def compile_model(model, config, num_targets=1, steps_per_epoch=None):
+    """Compiles with Adam and the schedule of `config`, and the losses of the model.
+
+    `steps_per_epoch` (training steps in one epoch) is needed by the cosine
+    schedule, which ends with the run.
 
     CapsNet: margin loss on `length` (+ weighted reconstruction loss);
     accuracy, or for two targets the official "correct" (`accuracy`: both
     labels are the two longest capsules) and "almost" (`accuracy_any`).
     Baseline CNN: softmax cross-entropy on `logits`, accuracy.
     """
-    schedule = FlooredExponentialDecay(
-        config.learning_rate,
-        config.decay_steps,
-        config.decay_rate,
-        config.minimum_learning_rate,
-    )
+    if config.schedule == "cosine":
+        if not steps_per_epoch:
+            raise ValueError("The cosine schedule needs `steps_per_epoch`.")
+        schedule = warmup_cosine_decay(
+            config.learning_rate,
+            total_steps=config.epochs * steps_per_epoch,
+            warmup_steps=round(config.warmup_epochs * steps_per_epoch),
+            minimum_learning_rate=config.minimum_learning_rate,
+        )
+    else:
+        schedule = FlooredExponentialDecay(
+            config.learning_rate,
+            config.decay_steps,
+            config.decay_rate,
+            config.minimum_learning_rate,
+        )
     if config.model == "baseline":
         loss = {"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
         loss_weights = {"logits": 1.0}
@@ -294,6 +354,7 @@ _RUN_FILES = (
     "model.json",
     "results.json",
     "training_log.csv",
+    "time_to_target.json",
     "checkpoints",
     "backup",
     "logs",
@@ -345,35 +406,6 @@ def _check_workdir(workdir, config, overwrite):
             + "; ".join(differences)
             + "). Use another --workdir, or pass --overwrite to replace it."
         )
-
-
-class _EpochTimer(keras.callbacks.Callback):
-    """Adds `train_seconds` and `train_images_per_second` to the epoch logs.
-
-    Training time only: the evaluation on the test set at the end of the
-    epoch is not counted. The first epoch includes tracing and compilation.
-    """
-
-    def __init__(self, batch_size, examples_per_epoch):
-        super().__init__()
-        self.batch_size = batch_size
-        self.examples_per_epoch = examples_per_epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = self._end = time.perf_counter()
-        self._batches = 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._batches = batch + 1
-        self._end = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None or self._batches == 0:
-            return
-        seconds = self._end - self._start
-        images = min(self._batches * self.batch_size, self.examples_per_epoch)
-        logs["train_seconds"] = seconds
-        logs["train_images_per_second"] = images / seconds
 
 
 def _best_logged(csv_path, metric):
@@ -472,13 +504,17 @@ def _make_strategy(config):
 
 
 def _make_datasets(config):
-    """`(train_data, test_data, spec, extra_evaluations)` of `config.dataset`.
+    """`(train_data, validation_data, test_data, spec, extra_evaluations)`.
 
-    `extra_evaluations` maps a name to a further test set evaluated after
-    training (e.g. affNIST for runs on expanded MNIST).
+    `validation_data` is the held-out split of `config.validation_examples`
+    (None without one); `extra_evaluations` maps a name to a further test
+    set evaluated after training (e.g. affNIST for runs on expanded MNIST).
     """
     train_data, spec = _load_split(config, "train")
     test_data, _ = _load_split(config, "test")
+    validation_data = None
+    if config.validation_examples:
+        validation_data, _ = _load_split(config, "validation")
     extra_evaluations = {}
     if config.dataset == "expanded_mnist":
         extra_evaluations["affnist"], _ = _load_split(config, "test", name="affnist")
@@ -489,8 +525,10 @@ def _make_datasets(config):
                 f"has {spec.num_targets} labels per image. Use --model=capsnet."
             )
         train_data, test_data = (_baseline_targets(d) for d in (train_data, test_data))
+        if validation_data is not None:
+            validation_data = _baseline_targets(validation_data)
         extra_evaluations = {k: _baseline_targets(d) for k, d in extra_evaluations.items()}
-    return train_data, test_data, spec, extra_evaluations
+    return train_data, validation_data, test_data, spec, extra_evaluations
 
 
 def _load_split(config, split, name=None, reconstruction=None):
@@ -498,8 +536,10 @@ def _load_split(config, split, name=None, reconstruction=None):
 
     Args:
         config: an `ExperimentConfig`.
-        split: `"train"` (shuffled, augmented, `train_examples`) or
-            `"test"` (`eval_examples`).
+        split: `"train"` (shuffled, augmented, `train_examples`; without
+            the last `validation_examples`), `"validation"` (those last
+            training examples, neither shuffled nor augmented) or `"test"`
+            (`eval_examples`).
         name: another data set than `config.dataset` (e.g. `"affnist"`).
         reconstruction: include the label input and reconstruction target
             (None: when the model is a CapsNet with a decoder).
@@ -507,6 +547,12 @@ def _load_split(config, split, name=None, reconstruction=None):
     training = split == "train"
     if reconstruction is None:
         reconstruction = config.reconstruction and config.model == "capsnet"
+    take = config.train_examples if training else config.eval_examples
+    held_out = config.validation_examples
+    if split == "validation":
+        split, take = f"train[-{held_out}:]", None
+    elif training and held_out:
+        split = f"train[:-{held_out}]"
     return load_experiment_data(
         name or config.dataset,
         split,
@@ -516,7 +562,7 @@ def _load_split(config, split, name=None, reconstruction=None):
         shift=config.shift,
         data_dir=config.data_dir,
         reconstruction=reconstruction,
-        take=config.train_examples if training else config.eval_examples,
+        take=take,
         test_pairs_per_image=config.test_pairs_per_image,
         affnist_path=config.affnist_path,
     )
@@ -528,8 +574,12 @@ def _baseline_targets(dataset):
                                                 {"logits": targets["length"]}))
 
 
-def _make_callbacks(config, workdir, spec):
-    """Checkpointing, logging and safety callbacks of a training run."""
+def _make_callbacks(config, workdir, spec, test_data, start_time):
+    """Checkpointing, logging, progress and safety callbacks of a training run.
+
+    `test_data` is evaluated every epoch beside a validation split
+    (`config.validation_examples`); `start_time` starts the run's clock.
+    """
     checkpoints = os.path.join(workdir, "checkpoints")
     os.makedirs(checkpoints, exist_ok=True)
     train_examples = config.train_examples or spec.num_examples
@@ -543,6 +593,15 @@ def _make_callbacks(config, workdir, spec):
         save_every_steps=config.backup_every_steps,
         csv_log=csv_log,
     )
+    clock = WallClock(start_time, csv_log)
+    progress = [clock]
+    test_monitor = monitor
+    if config.validation_examples:
+        progress.insert(0, TestSetEvaluation(test_data))  # before the clock reads the time
+        test_monitor = "test_" + accuracy_key(config)
+    if config.target_accuracy is not None:
+        record = os.path.join(workdir, "time_to_target.json")
+        progress.append(TargetAccuracy(test_monitor, config.target_accuracy, clock, record))
     callbacks = [
         # First: a NaN loss stops training before any callback saves that step.
         DivergenceGuard(
@@ -552,6 +611,7 @@ def _make_callbacks(config, workdir, spec):
                 "the same --workdir: training continues from the last backup."
             ),
         ),
+        *progress,
         # Model weights only (no optimizer state), written atomically.
         WeightsCheckpoint(os.path.join(checkpoints, "latest.weights.h5")),
         WeightsCheckpoint(
@@ -561,7 +621,7 @@ def _make_callbacks(config, workdir, spec):
             # A resumed run keeps the best of the epochs before the interruption.
             initial_value_threshold=_best_logged(csv_log, monitor),
         ),
-        _EpochTimer(config.batch_size, train_examples),
+        EpochTimer(config.batch_size, train_examples),
         keras.callbacks.CSVLogger(csv_log, append=True),
         keras.callbacks.TensorBoard(os.path.join(workdir, "logs"), update_freq="epoch"),
     ]
@@ -588,7 +648,7 @@ def _make_callbacks(config, workdir, spec):
     return callbacks
 
 
-def train_and_evaluate(config, workdir, overwrite=False):
+def train_and_evaluate(config, workdir, overwrite=False, start_time=None):
     """Trains the model of `config` on its data set and evaluates the best checkpoint.
 
     The model is CapsNet or the baseline CNN (`config.model`), the data any
@@ -600,6 +660,9 @@ def train_and_evaluate(config, workdir, overwrite=False):
         workdir: directory for the configuration, checkpoints and logs. A
             rerun with the same directory resumes an interrupted run.
         overwrite: replace a run with a different model in `workdir`.
+        start_time: `time.time()` at the command's start, where the run's
+            clock (`wall_seconds`, the time to `config.target_accuracy`)
+            starts; None: now.
 
     Returns:
         Dict of the final test metrics (`test_accuracy`, `test_error`,
@@ -617,6 +680,7 @@ def train_and_evaluate(config, workdir, overwrite=False):
             (all truncated or corrupted); nothing was changed.
     """
     config.validate()
+    start_time = time.time() if start_time is None else start_time
     # First: multi_worker and several CPU devices need TensorFlow not yet started.
     strategy = _make_strategy(config)
     # Workers other than the chief write their own copy elsewhere.
@@ -625,26 +689,33 @@ def train_and_evaluate(config, workdir, overwrite=False):
     _check_workdir(workdir, config, overwrite)
     keras.utils.set_random_seed(config.seed)
     _set_precision(config)
-    train_data, test_data, spec, extra_evaluations = _make_datasets(config)
+    train_data, validation_data, test_data, spec, extra_evaluations = _make_datasets(config)
     # Under multi_worker every worker reads the same batches and keeps its share.
     train_data, test_data = shard_by_data(train_data), shard_by_data(test_data)
+    if validation_data is not None:
+        validation_data = shard_by_data(validation_data)
     extra_evaluations = {name: shard_by_data(data) for name, data in extra_evaluations.items()}
     with open(os.path.join(workdir, "config.json"), "w") as file:
         file.write(config.to_json())
 
     with strategy.scope():
         model = build_model(config, spec.image_shape, spec.num_classes, spec.num_targets)
-        model = compile_model(model, config, spec.num_targets)
+        steps_per_epoch = config.steps_per_epoch or math.ceil(
+            (config.train_examples or spec.num_examples) / config.batch_size
+        )
+        model = compile_model(model, config, spec.num_targets, steps_per_epoch)
     prepare_model(model, strategy, train_data.element_spec)
     with open(os.path.join(workdir, "model.json"), "w") as file:
         json.dump(model.get_config(), file, indent=2)
-    callbacks = _make_callbacks(config, workdir, spec)
+    callbacks = _make_callbacks(config, workdir, spec, test_data, start_time)
     start = time.perf_counter()
     history = model.fit(
         train_data,
         epochs=config.epochs,
         steps_per_epoch=config.steps_per_epoch,
-        validation_data=test_data,
+        # The official runs validate on the test set; with a validation split
+        # the test set is evaluated beside it by `TestSetEvaluation`.
+        validation_data=test_data if validation_data is None else validation_data,
         shuffle=False,  # the tf.data pipeline shuffles
         callbacks=callbacks,
         verbose=config.verbose,
@@ -656,8 +727,13 @@ def train_and_evaluate(config, workdir, overwrite=False):
         load_weights(model, best)  # model weights only; a broken file is named
     metrics = model.evaluate(test_data, return_dict=True, verbose=config.verbose)
     accuracy = float(metrics[accuracy_key(config)])
+    prefix = "test_" if config.validation_examples else "val_"
+    csv_log = os.path.join(workdir, "training_log.csv")
     results = {
         "test_accuracy": accuracy,
+        "checkpoint_chosen_on": "validation" if config.validation_examples else "test",
+        "final_epoch_test_accuracy": last_logged(csv_log, prefix + accuracy_key(config)),
+        "wall_seconds": last_logged(csv_log, "wall_seconds"),
         "test_error": 1.0 - accuracy,
         "test_loss": float(metrics["loss"]),
         "test_metrics": {name: float(value) for name, value in metrics.items()},
@@ -668,6 +744,12 @@ def train_and_evaluate(config, workdir, overwrite=False):
             for name, values in history.history.items()
         },
     }
+    if config.validation_examples:
+        results["validation_accuracy"] = _best_logged(csv_log, "val_" + accuracy_key(config))
+    target_record = os.path.join(workdir, "time_to_target.json")
+    if os.path.exists(target_record):
+        with open(target_record) as file:
+            results["time_to_target"] = json.load(file)
     for name, dataset in extra_evaluations.items():
         extra = model.evaluate(dataset, return_dict=True, verbose=config.verbose)
         results[f"{name}_accuracy"] = float(extra[accuracy_key(config)])

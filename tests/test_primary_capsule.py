@@ -77,33 +77,44 @@ def test_invalid_arguments(kwargs, message):
         PrimaryCapsule(**kwargs)
 
 
-@pytest.mark.parametrize("size, kernel_size", [(12, 5), (10, 4), (20, 9)])
-def test_bfloat16_stride2_convolution_gradients_match_float64(size, kernel_size):
-    """The rewritten bfloat16 backward pass equals the convolution's true gradients."""
+@pytest.mark.parametrize(
+    "size, kernel_size, strides", [(12, 5, 2), (10, 4, 2), (20, 9, 2), (9, 3, 1), (11, 3, 3)]
+)
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_matmul_convolution_values_and_gradients_match_float64(size, kernel_size, strides, dtype):
+    """im2col + matmul equals the float64 convolution, values and both gradients."""
     import tensorflow as tf
 
-    from capsnet_tf.layers.primary_capsule import (
-        _fast_backward_applies,
-        _valid_stride2_conv_bfloat16,
-    )
+    from capsnet_tf.layers.primary_capsule import _valid_conv_as_matmul
 
     rng = np.random.default_rng(0)
-    inputs = tf.cast(rng.normal(size=(2, size, size, 3)), tf.bfloat16)
-    kernel = tf.cast(rng.normal(size=(kernel_size, kernel_size, 3, 4)), tf.bfloat16)
-    assert _fast_backward_applies(inputs, kernel, 2, "valid")
-    out_size = (size - kernel_size) // 2 + 1
+    inputs64 = tf.constant(rng.normal(size=(2, size, size, 3)))
+    kernel64 = tf.constant(rng.normal(size=(kernel_size, kernel_size, 3, 4)))
+    inputs, kernel = tf.cast(inputs64, dtype), tf.cast(kernel64, dtype)
+    out_size = (size - kernel_size) // strides + 1
     upstream = rng.normal(size=(2, out_size, out_size, 4))
 
-    def gradients(function, x, w):
+    def run(function, x, w):
         with tf.GradientTape() as tape:
             tape.watch([x, w])
             y = function(x, w)
             loss = tf.reduce_sum(tf.cast(y, tf.float64) * upstream)
-        return [tf.cast(g, tf.float64).numpy() for g in tape.gradient(loss, [x, w])]
+        grads = tape.gradient(loss, [x, w])
+        return [tf.cast(t, tf.float64).numpy() for t in (y, *grads)]
 
-    got = gradients(_valid_stride2_conv_bfloat16, inputs, kernel)
-    want = gradients(lambda x, w: tf.nn.conv2d(x, w, 2, "VALID"),
-                     tf.cast(inputs, tf.float64), tf.cast(kernel, tf.float64))
+    got = run(lambda x, w: _valid_conv_as_matmul(x, w, strides), inputs, kernel)
+    want = run(lambda x, w: tf.nn.conv2d(x, w, strides, "VALID"), inputs64, kernel64)
+    # bfloat16 keeps 8 significant bits: errors of a few 1e-3 of the scale.
+    tolerance = 1e-12 if dtype == "float64" else 2e-2
     for g, w in zip(got, want):
-        # bfloat16 keeps 8 significant bits: errors of a few 1e-3 of the scale.
-        np.testing.assert_allclose(g, w, atol=2e-2 * np.abs(w).max())
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=tolerance * np.abs(w).max())
+
+
+def test_layer_takes_the_matmul_path_on_cpus_and_conv_for_same_padding():
+    import tensorflow as tf
+
+    from capsnet_tf.layers.primary_capsule import _matmul_conv_applies
+
+    assert _matmul_conv_applies(tf.zeros((1, 20, 20, 4)), "valid")
+    assert not _matmul_conv_applies(tf.zeros((1, 20, 20, 4)), "same")

@@ -1,6 +1,7 @@
 """The PrimaryCaps layer: a strided convolution read as a grid of capsules."""
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 
@@ -17,81 +18,62 @@ def _conv_output_length(length, kernel_size, strides, padding):
     return -(-length // strides)  # "same": ceil(length / strides)
 
 
-# bfloat16 convolutions with stride 2 and "valid" padding take a faster
-# backward pass (`_valid_stride2_conv_bfloat16`); float32 is never affected.
-_FAST_BFLOAT16_BACKWARD = True
+def _patch_indices(height, width, kernel_size, strides):
+    """Flat input positions `y * width + x` of every (output position, kernel tap).
+
+    Ordered output row, output column, kernel row, kernel column, so that the
+    gathered patches of one output position line up with the rows of the
+    kernel reshaped to `[k * k * channels, filters]`.
+    """
+    out_h = (height - kernel_size) // strides + 1
+    out_w = (width - kernel_size) // strides + 1
+    oy, ox, ky, kx = np.meshgrid(
+        np.arange(out_h), np.arange(out_w), np.arange(kernel_size), np.arange(kernel_size),
+        indexing="ij",
+    )
+    return ((strides * oy + ky) * width + (strides * ox + kx)).reshape(-1).astype(np.int32)
 
 
-def _fast_backward_applies(inputs, kernel, strides, padding):
-    """Whether `_valid_stride2_conv_bfloat16` can stand in for `ops.conv`."""
-    if not _FAST_BFLOAT16_BACKWARD or strides != 2 or padding != "valid":
+def _matmul_conv_applies(inputs, padding):
+    """Whether `_valid_conv_as_matmul` stands in for `ops.conv`: CPU runs only.
+
+    Needs "valid" padding and a static height, width and channel count. On
+    GPUs and TPUs cuDNN's and XLA's convolutions are the fast path, so the
+    layer keeps `ops.conv` there.
+    """
+    if padding != "valid" or None in tuple(inputs.shape[1:]):
         return False
-    if inputs.dtype != tf.bfloat16 or kernel.dtype != tf.bfloat16:
-        return False
-    height, width = inputs.shape[1], inputs.shape[2]
-    kernel_size = kernel.shape[0]
-    return (
-        height is not None
-        and width is not None
-        and height % 2 == 0
-        and width % 2 == 0
-        and kernel.shape[0] == kernel.shape[1]
-        and min(height, width) >= kernel_size
+    return not tf.config.list_logical_devices("GPU") and not tf.config.list_logical_devices(
+        "TPU"
     )
 
 
-@tf.custom_gradient
-def _valid_stride2_conv_bfloat16(inputs, kernel):
-    """`conv2d(inputs, kernel, strides=2, padding="valid")` for bfloat16.
+def _valid_conv_as_matmul(inputs, kernel, strides):
+    """`conv2d(inputs, kernel, strides, padding="valid")` as im2col and one matmul.
 
-    The forward pass is the plain convolution. oneDNN's stride-2 backward
-    kernels (`Conv2DBackpropFilter`/`Conv2DBackpropInput`, AMX on this CPU)
-    run at well under half its forward rate, so the gradients are computed as
-    equivalent stride-1 problems, which it runs at about the forward rate
-    (same FLOPs, same bfloat16 rounding of the results):
-
-    - kernel gradient: a forward convolution of the inputs, batch and channels
-      swapped (`[in_channels, H, W, batch]`), with the output gradient as a
-      2-dilated kernel (`[out_h, out_w, batch, out_channels]`);
-    - input gradient: the stride-1 backward-input convolution of the
-      space-to-depth (block 2) form of the problem, whose kernel is the
-      original one zero-padded to an even size and folded into
-      `[k/2, k/2, 4 * in_channels, out_channels]`, then depth-to-space.
-
-    Needs even input height and width (checked by `_fast_backward_applies`).
+    The patches `[batch * out_h * out_w, k * k * channels]` are gathered with
+    one `tf.gather` over the flattened positions and multiplied by the kernel
+    `[k * k * channels, filters]`. Its gradients are two matmuls of the same
+    size (the kernel's: patches transposed times the output gradient; the
+    patches': output gradient times the kernel transposed) and the gather's
+    segment sum. oneDNN runs these matrix shapes close to its peak matmul
+    rate, well above its strided convolution kernels on CPUs, most of all
+    their stride-2 backward passes; the PrimaryCaps convolution (9x9, stride
+    2, 256 to 256 channels) holds almost all of CapsNet's FLOPs, and with 36
+    output positions its patches are small enough to materialise. The
+    benchmark (`experiments/benchmark.py --sections=train`) measures it
+    against `tf.nn.conv2d`.
     """
-    outputs = tf.nn.conv2d(inputs, kernel, 2, "VALID")
-
-    def grad(upstream):
-        upstream = tf.cast(upstream, inputs.dtype)
-        size = kernel.shape[0]
-        channels, filters = kernel.shape[2], kernel.shape[3]
-        # d kernel[kh, kw, c, f] = sum_{b, y, x} in[b, 2y + kh, 2x + kw, c] g[b, y, x, f]
-        kernel_grad = tf.nn.conv2d(
-            tf.transpose(inputs, (3, 1, 2, 0)),
-            tf.transpose(upstream, (1, 2, 0, 3)),
-            1,
-            "VALID",
-            dilations=2,
-        )  # [c, >= size, >= size, f]
-        kernel_grad = tf.transpose(kernel_grad[:, :size, :size, :], (1, 2, 0, 3))
-        # Space-to-depth kernel: tap (2a + p, 2b + q) -> [a, b, (p, q, c)].
-        half = (size + 1) // 2
-        folded = tf.pad(kernel, [[0, 2 * half - size], [0, 2 * half - size], [0, 0], [0, 0]])
-        folded = tf.reshape(folded, (half, 2, half, 2, channels, filters))
-        folded = tf.transpose(folded, (0, 2, 1, 3, 4, 5))
-        folded = tf.reshape(folded, (half, half, 4 * channels, filters))
-        shape = tf.shape(inputs)
-        folded_input_grad = tf.raw_ops.Conv2DBackpropInput(
-            input_sizes=tf.stack([shape[0], shape[1] // 2, shape[2] // 2, 4 * channels]),
-            filter=folded,
-            out_backprop=upstream,
-            strides=[1, 1, 1, 1],
-            padding="VALID",
-        )
-        return tf.nn.depth_to_space(folded_input_grad, 2), kernel_grad
-
-    return outputs, grad
+    height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
+    kernel_size, filters = kernel.shape[0], kernel.shape[3]
+    out_h = (height - kernel_size) // strides + 1
+    out_w = (width - kernel_size) // strides + 1
+    batch = tf.shape(inputs)[0]
+    flat = tf.reshape(inputs, (batch, height * width, channels))
+    patches = tf.gather(flat, _patch_indices(height, width, kernel_size, strides), axis=1)
+    patches = tf.reshape(patches, (batch * out_h * out_w, kernel_size * kernel_size * channels))
+    outputs = tf.matmul(patches, tf.reshape(kernel, (-1, filters)))
+    return tf.reshape(outputs, (batch, out_h, out_w, filters))
 
 
 @keras.saving.register_keras_serializable(package="capsnet_tf")
@@ -207,8 +189,8 @@ class PrimaryCapsule(keras.layers.Layer):
         # The kernel as a tensor in the compute dtype (an eager read under
         # the mixed policy gives an autocast variable, not a tensor).
         kernel = tf.convert_to_tensor(self.kernel)
-        if _fast_backward_applies(inputs, kernel, self.strides, self.padding):
-            outputs = _valid_stride2_conv_bfloat16(inputs, kernel)
+        if _matmul_conv_applies(inputs, self.padding):
+            outputs = _valid_conv_as_matmul(inputs, kernel, self.strides)
         else:
             outputs = ops.conv(
                 inputs, self.kernel, strides=self.strides, padding=self.padding

@@ -208,6 +208,11 @@ class CapsNet(keras.Model):
             kernel_initializer=capsule_kernel,
             bias_initializer=capsule_bias,
             jit_compile=routing_jit_compile,
+            # Under a mixed policy the votes and the routing stay float32: the
+            # routing is memory-bound (its FLOPs are a few % of the model's),
+            # its casts cost more than bfloat16 saves, and the softmax over
+            # logits summed across iterations keeps float32's precision.
+            dtype=precise_dtype,
             name="class_capsules",
         )
         self.length = Length(dtype=precise_dtype, name="length")
