@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-__all__ = ["FlooredExponentialDecay", "warmup_cosine_decay"]
+__all__ = ["FlooredExponentialDecay", "make_schedule", "warmup_cosine_decay"]
 
 
 @keras.saving.register_keras_serializable(package="capsnet_tf")
@@ -119,4 +119,39 @@ def warmup_cosine_decay(learning_rate, total_steps, warmup_steps=0, minimum_lear
         alpha=minimum_learning_rate / learning_rate,
         warmup_target=learning_rate if warmup else None,
         warmup_steps=int(warmup_steps),
+    )
+
+
+def make_schedule(config, steps_per_epoch=None):
+    """The learning-rate schedule a run's configuration names.
+
+    One place for training (`capsnet_tf.training.compile_model`) and the
+    figures (`learning_rates`), so that both read the same rate.
+
+    Args:
+        config: an `ExperimentConfig` or the dict of its `config.json`
+            (`schedule`, `learning_rate`, `minimum_learning_rate`, and
+            `decay_steps`, `decay_rate` or `epochs`, `warmup_epochs`; a
+            config saved before `schedule` existed is exponential).
+        steps_per_epoch: training steps per epoch; needed by `"cosine"`.
+
+    Returns:
+        A `keras.optimizers.schedules.LearningRateSchedule`.
+    """
+    if not isinstance(config, dict):
+        config = vars(config)
+    if config.get("schedule", "exponential") == "cosine":
+        if not steps_per_epoch:
+            raise ValueError("The cosine schedule needs `steps_per_epoch`.")
+        return warmup_cosine_decay(
+            config["learning_rate"],
+            total_steps=config["epochs"] * steps_per_epoch,
+            warmup_steps=round(config.get("warmup_epochs", 0.0) * steps_per_epoch),
+            minimum_learning_rate=config["minimum_learning_rate"],
+        )
+    return FlooredExponentialDecay(
+        config["learning_rate"],
+        config["decay_steps"],
+        config["decay_rate"],
+        config["minimum_learning_rate"],
     )

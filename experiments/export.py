@@ -55,7 +55,7 @@ def main(argv):
         check_export_target,
         export_saved_model,
     )
-    from capsnet_tf.training import load_trained_model
+    from capsnet_tf.workdir import load_trained_model
 
     try:
         # Refuse an occupied version before the (slow) model loading.

@@ -109,7 +109,7 @@ def main(argv):
     digits = [int(digit) for digit in _PERTURBATION_DIGITS.value]
 
     from capsnet_tf.data import DatasetNotFoundError
-    from capsnet_tf.visualization import write_figures
+    from capsnet_tf.figures import write_figures
 
     start = time.perf_counter()
     try:

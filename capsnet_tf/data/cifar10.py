@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from capsnet_tf.data.pipeline import (
     check_pipeline_arguments,
+    in_memory,
     load_tfds_split,
     split_size,
     zip_example_seeds,
@@ -137,10 +138,10 @@ def make_cifar10_dataset(
     num_examples = split_size(info, split, dataset)
     if take is not None:
         dataset = dataset.take(take)
-    dataset = dataset.map(
+    dataset = in_memory(dataset).map(
         lambda image, label: (image, tf.cast(label, tf.int32)),
         num_parallel_calls=tf.data.AUTOTUNE,
-    ).cache()
+    )
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         dataset = zip_example_seeds(dataset, seed).map(

@@ -31,6 +31,7 @@ import tensorflow as tf
 from capsnet_tf.data.pipeline import (
     DatasetNotFoundError,
     check_pipeline_arguments,
+    in_memory,
     load_tfds_split,
     resolve_data_dir,
     split_size,
@@ -208,10 +209,10 @@ def make_smallnorb_dataset(
     num_examples = split_size(info, split, dataset)
     if take is not None:
         dataset = dataset.take(take)
-    dataset = dataset.map(
+    dataset = in_memory(dataset).map(
         lambda stereo, label: (stereo, tf.cast(label, tf.int32)),
         num_parallel_calls=tf.data.AUTOTUNE,
-    ).cache()
+    )
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         dataset = zip_example_seeds(dataset, seed).map(

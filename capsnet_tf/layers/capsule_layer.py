@@ -53,15 +53,13 @@ def dynamic_routing(
     The votes are laid out output-major, `[batch, output, input, dim]`, so that
     both routing products (the weighted sum over input capsules and the
     agreement) are batched matrix-vector products that read the votes once,
-    with no transpose per iteration; this halved the layer's training time
-    against an `[batch, input, output, dim]` layout with einsums (586 -> 320 ms
-    forward+backward at batch 100 on 2 CPU cores).
+    with no transpose per iteration (an `[batch, input, output, dim]` layout
+    with einsums streams them twice per iteration and transposes them).
 
     With `jit_compile=True` the iterations are unrolled and compiled by XLA
-    as one cluster (fused softmax, squash and sums; about a second to compile
-    per input shape), which cut the class-capsule layer's forward+backward
-    time at batch 100 from 216 to 140 ms (float32) and from 217 to 132 ms
-    (mixed bfloat16) on 2 CPU cores. XLA cannot return the couplings, so
+    as one cluster (fused softmax, squash and sums, so the memory-bound
+    iterations read the votes fewer times; about a second to compile per
+    input shape). XLA cannot return the couplings, so
     `return_couplings=True` always takes the `tf.while_loop`.
 
     Args:
@@ -248,8 +246,8 @@ class CapsuleLayer(keras.layers.Layer):
         inference_chunk_size: inference calls (not training, no XLA, no
             couplings, no GPU visible) route the batch this many examples at
             a time, so each chunk's votes stay in the CPU caches through the
-            routing iterations: the layer's forward pass at batch 256 took
-            100 instead of 123 ms on 2 CPU cores with chunks of 16. `None`
+            routing iterations instead of streaming them from memory at
+            every iteration. `None`
             routes the whole batch at once. Results do not depend on it.
         **kwargs: base `keras.layers.Layer` arguments.
 
@@ -385,9 +383,8 @@ class CapsuleLayer(keras.layers.Layer):
         # This is what tf.einsum("bid,ijde->bjie") computes (bit for bit in
         # float32, values and gradients), spelt out as one BatchMatMul
         # [i, b, d] @ [i, d, j * e] between transposes, which TensorFlow runs
-        # faster (votes alone, forward+backward at batch 100 on 2 shared CPU
-        # cores: 213 -> 82 ms float32, 151 -> 80 ms bfloat16; the whole layer
-        # with routing 541 -> 428 and 468 -> 387 ms).
+        # as one GEMM per input capsule instead of einsum's generic
+        # contraction (the benchmark's `scaling` section times the layer).
         votes = tf.matmul(
             tf.transpose(inputs, (1, 0, 2)),
             tf.reshape(

@@ -71,15 +71,25 @@ class Mask(keras.layers.Layer):
         if len(labels_shape) != 2:
             raise ValueError(
                 "Mask expects integer labels of shape [batch] or [batch, k]. "
-                f"Received labels of shape {tuple(labels_shape)}"
+                f"Received: labels_shape={tuple(labels_shape)}"
             )
         k = labels_shape[1]
         if self.num_targets is not None and k is not None and k != self.num_targets:
             raise ValueError(
-                f"Mask(num_targets={self.num_targets}) received labels for {k} "
-                f"targets (labels shape {tuple(labels_shape)})."
+                f"Mask(num_targets={self.num_targets}) needs labels for as many targets. "
+                f"Received: labels_shape={tuple(labels_shape)} ({k} targets)"
             )
         return k
+
+    def build(self, capsules_shape, labels_shape=None):
+        # Two inputs, so Keras passes one shape per call argument, as it does
+        # to `MultiHeadAttention.build(query_shape, value_shape, key_shape)`.
+        if len(capsules_shape) != 3:
+            raise ValueError(
+                "Mask expects capsules of shape [batch, num_capsules, capsule_dim]. "
+                f"Received: capsules_shape={tuple(capsules_shape)}"
+            )
+        self._targets(labels_shape)  # raises on labels of the wrong shape
 
     def call(self, capsules, labels=None, training=None):
         num_capsules = capsules.shape[-2]

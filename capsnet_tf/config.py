@@ -1,0 +1,269 @@
+"""`ExperimentConfig`: every option of a training run, each defined once.
+
+Each field names its default, its help text, and its bounds or choices in
+one place (`option(...)`). Everything else is derived from that definition:
+
+- `ExperimentConfig.validate()` checks every bound and choice (plus the few
+  rules that relate two fields) and raises `ValueError` naming the field;
+- `experiments/mnist.py` defines one absl flag per field (same name, unless
+  the field gives another `flag`, e.g. `--min_learning_rate`), with the
+  field's help, bounds and choices, and builds the config from the flags;
+- the field docs of the class are its `help` texts (`describe_options`).
+
+So adding an option touches one place. Field names are those of the saved
+`config.json` files, which keeps earlier work directories readable.
+"""
+
+import dataclasses
+import json
+
+from capsnet_tf.data.registry import DATASETS
+
+__all__ = ["MODEL_FIELDS", "ExperimentConfig", "describe_options", "option"]
+
+# The data sets a run can train on (affNIST is a test set of expanded_mnist runs).
+TRAINABLE_DATASETS = tuple(name for name in DATASETS if name != "affnist")
+
+
+def option(default, help, *, choices=None, lower=None, upper=None, flag=None, kind=None):
+    """A dataclass field of `ExperimentConfig` with its help, bounds and choices.
+
+    Args:
+        default: the default value (None: unset).
+        help: one or two sentences for `--help` and the docs.
+        choices: the allowed values (an enum flag).
+        lower, upper: inclusive bounds of a number.
+        flag: the flag's name when it differs from the field's.
+        kind: the flag type when the default does not tell it: `"string"`,
+            `"integer"`, `"float"`, `"bool"`, `"list"`.
+
+    Returns:
+        A `dataclasses.field`.
+    """
+    metadata = {
+        "help": help, "choices": choices, "lower": lower, "upper": upper, "flag": flag,
+        "kind": kind,
+    }
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    """Everything that defines a training run; defaults are the official MNIST run.
+
+    Every field's meaning, default and bounds are in its `option(...)`
+    definition below (and in `experiments/mnist.py --help`, which is built
+    from them); `describe_options()` lists them.
+    """
+
+    # === Data ===
+    dataset: str = option(
+        "mnist",
+        "Data set: TFDS mnist / fashion_mnist / cifar10 / smallnorb, or generated from "
+        "MNIST: multi_mnist (two overlapping digits, 36x36), expanded_mnist (40x40, "
+        "shifted; also evaluated on an affNIST-style test set).",
+        choices=TRAINABLE_DATASETS,
+    )
+    data_dir: str | None = option(
+        None, "TFDS data directory (default: $TFDS_DATA_DIR or ~/tensorflow_datasets).",
+        kind="string",
+    )
+    shift: int = option(2, "Maximum random shift of training images, pixels.", lower=0)
+    train_examples: int | None = option(
+        None, "Train on the first N training examples only.", lower=1, kind="integer"
+    )
+    eval_examples: int | None = option(
+        None, "Evaluate on the first N test examples only.", lower=1, kind="integer"
+    )
+    validation_examples: int | None = option(
+        None,
+        "mnist/fashion_mnist: hold out the last N training images as a validation split "
+        "(never trained on or augmented) that chooses the best checkpoint; the test set is "
+        "then evaluated every epoch beside it but selects nothing. Default: none (the "
+        "official behaviour: the test set is the validation data).",
+        lower=1,
+        kind="integer",
+    )
+    test_pairs_per_image: int = option(
+        1, "multi_mnist: test pairs per MNIST test image (the paper used 1000).", lower=1
+    )
+    affnist_path: str | None = option(
+        None,
+        "expanded_mnist: real affNIST test data (test.mat or .npz) instead of the generated set.",
+        kind="string",
+    )
+    # === Training ===
+    epochs: int = option(1, "Training epochs.", lower=1)
+    batch_size: int = option(128, "Batch size.", lower=1)
+    steps_per_epoch: int | None = option(
+        None, "Stop each epoch after this many steps.", lower=1, kind="integer"
+    )
+    learning_rate: float = option(1e-3, "Adam's initial (peak) learning rate.", lower=0.0)
+    schedule: str = option(
+        "exponential",
+        "Learning-rate schedule: exponential (official: x --decay_rate every --decay_steps, "
+        "floor --min_learning_rate) or cosine (linear warm-up over --warmup_epochs from a "
+        "tenth of --learning_rate, then cosine decay to --min_learning_rate at the last epoch).",
+        choices=("exponential", "cosine"),
+    )
+    warmup_epochs: float = option(0.0, "--schedule=cosine: epochs of linear warm-up.", lower=0.0)
+    decay_steps: int = option(2000, "Steps per learning-rate decay of --decay_rate.", lower=1)
+    decay_rate: float = option(0.96, "Learning-rate decay factor.", lower=0.0, upper=1.0)
+    minimum_learning_rate: float = option(
+        1e-6, "Floor of the learning rate (the cosine's end).", lower=0.0,
+        flag="min_learning_rate",
+    )
+    target_accuracy: float | None = option(
+        None,
+        "Stop at the first epoch whose test accuracy reaches this (e.g. 0.995) and record the "
+        "wall-clock time from the command's start (time_to_target.json, results.json).",
+        lower=0.0,
+        upper=1.0,
+        kind="float",
+    )
+    seed: int = option(0, "Seed of initialisation, shuffling and augmentation.")
+    # === Model ===
+    model: str = option(
+        "capsnet", "CapsNet or the paper's baseline CNN.", choices=("capsnet", "baseline")
+    )
+    routing_iterations: int = option(3, "Routing iterations in the class capsules.", lower=1)
+    leaky_routing: bool = option(False, "Leaky routing.")
+    reconstruction: bool = option(True, "Train the decoder with the reconstruction loss.")
+    reconstruction_weight: float = option(
+        0.0005, "Weight of the summed squared error.", lower=0.0
+    )
+    margin_class_reduction: str = option(
+        "sum",
+        "Margin loss over classes: 'sum' (paper) or 'official' (0.5 x mean).",
+        choices=("sum", "official"),
+    )
+    official_primary_scaling: bool = option(
+        False, "Divide PrimaryCaps pre-activations by the number of types."
+    )
+    initializer: str = option("keras", "Weight initialisers.", choices=("keras", "official"))
+    padding: str = option(
+        "valid", "Padding of both convolutions (CIFAR-10: same).", choices=("valid", "same")
+    )
+    primary_capsule_types: int = option(
+        32, "Capsule maps in PrimaryCaps (CIFAR-10: 64).", lower=1
+    )
+    num_trials: int = option(
+        1, "Train this many models (seeds seed, seed+1, ...) and evaluate their ensemble.",
+        lower=1,
+    )
+    # === Execution ===
+    jit_compile: bool = option(
+        False,
+        "Compile the whole train/eval steps with XLA (for GPUs/TPUs; on CPUs XLA's "
+        "convolutions are far slower). The routing is XLA-compiled in training either way.",
+    )
+    mixed_precision: str = option(
+        "float32", "Compute precision.", choices=("float32", "bfloat16", "float16")
+    )
+    verbose: str | int = option(
+        "auto",
+        "Keras verbosity: 1 progress bar, 2 one line/epoch.",
+        choices=("auto", 0, 1, 2),
+    )
+    backup_every_steps: int | None = option(
+        100,
+        "Also back up the training state every this many steps inside an epoch (besides every "
+        "epoch end), so that a killed run, rerun with the same command, loses at most that many.",
+        lower=1,
+    )
+    strategy: str = option(
+        "default",
+        "Distribution: default (one device); mirrored (all local GPUs, or --devices; one CPU "
+        "replica without either); multi_worker (one process per machine, cluster from "
+        "$TF_CONFIG); tpu (--tpu). --batch_size is the global batch, split across replicas.",
+        choices=("default", "mirrored", "multi_worker", "tpu"),
+    )
+    devices: tuple | None = option(
+        None,
+        "--strategy=mirrored only: devices to train on, e.g. /gpu:0,/gpu:1 (or /cpu:0,/cpu:1 "
+        "to split the CPU into logical devices). Default: all local GPUs.",
+        kind="list",
+    )
+    tpu: str | None = option(
+        None,
+        "--strategy=tpu only: TPU name or grpc://host:port address, or 'local' on a TPU VM "
+        "(default: $TPU_NAME or the local TPU).",
+        kind="string",
+    )
+
+    def validate(self):
+        """Raises `ValueError` naming the first invalid field."""
+        for field in dataclasses.fields(self):
+            _check_field(field, getattr(self, field.name))
+        if not self.learning_rate > 0:
+            raise ValueError(f"`learning_rate` must be > 0. Received: {self.learning_rate}")
+        if self.warmup_epochs >= self.epochs:
+            raise ValueError(
+                "`warmup_epochs` must be less than `epochs`. "
+                f"Received: warmup_epochs={self.warmup_epochs}, epochs={self.epochs}"
+            )
+        if self.target_accuracy is not None and self.target_accuracy == 0:
+            raise ValueError("`target_accuracy` must be in (0, 1] (0.995 for 99.5%). Received: 0")
+        if self.validation_examples is not None and self.dataset not in (
+            "mnist", "fashion_mnist"
+        ):
+            raise ValueError(
+                "`validation_examples` holds out training images of mnist or fashion_mnist "
+                f"only. Received: dataset={self.dataset!r}"
+            )
+        if self.num_trials > 1 and self.strategy == "multi_worker":
+            raise ValueError(
+                "`num_trials` > 1 (an ensemble) cannot run under the multi_worker "
+                "strategy: train the members as separate multi-worker runs with "
+                "different --seed values instead."
+            )
+        return self
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+
+def _check_field(field, value):
+    meta = field.metadata
+    name = field.name
+    if value is None and field.default is None:
+        return
+    if meta["choices"] is not None:
+        if value not in meta["choices"]:
+            allowed = ", ".join(str(choice) for choice in meta["choices"])
+            raise ValueError(f"`{name}` must be one of {allowed}. Received: {name}={value!r}")
+        return
+    integer = isinstance(field.default, int) or meta["kind"] == "integer"
+    if isinstance(field.default, bool) or meta["kind"] in ("string", "list"):
+        return
+    if integer and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"`{name}` must be an integer. Received: {name}={value!r}")
+    if meta["lower"] == 1 and integer and value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    if meta["lower"] is not None and value < meta["lower"]:
+        raise ValueError(f"`{name}` must be >= {meta['lower']}. Received: {name}={value!r}")
+    if meta["upper"] is not None and value > meta["upper"]:
+        raise ValueError(f"`{name}` must be <= {meta['upper']}. Received: {name}={value!r}")
+
+
+# The fields that define the model (and so the weights' shapes): a work
+# directory saved with other values holds another model.
+MODEL_FIELDS = (
+    "model",
+    "dataset",
+    "routing_iterations",
+    "leaky_routing",
+    "reconstruction",
+    "official_primary_scaling",
+    "initializer",
+    "padding",
+    "primary_capsule_types",
+)
+
+
+def describe_options():
+    """`[(name, default, help), ...]` of every `ExperimentConfig` field, in order."""
+    return [
+        (field.name, field.default, field.metadata["help"])
+        for field in dataclasses.fields(ExperimentConfig)
+    ]
