@@ -20,6 +20,12 @@ import dataclasses  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
+# A readable console by default: TensorFlow's C++ INFO and WARNING lines (XLA
+# service banners, oneDNN notes) stay hidden unless --verbosity is given;
+# errors still show. Set before TensorFlow is first imported.
+if not any(arg.startswith(("--verbosity", "-v=", "--v=")) for arg in sys.argv[1:]):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 from absl import app, flags, logging  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -125,6 +131,21 @@ def _expand_flagfiles(argv, search_dirs, depth):
     return expanded
 
 
+def configuration_summary(config, workdir):
+    """One short paragraph: the options that differ from the defaults, and where the rest is."""
+    defaults = ExperimentConfig()
+    changed = [
+        f"{field.metadata['flag'] or field.name}={getattr(config, field.name)}"
+        for field in dataclasses.fields(config)
+        if getattr(config, field.name) != getattr(defaults, field.name)
+    ]
+    return (
+        f"Training {config.model} on {config.dataset} for {config.epochs} epoch(s) in {workdir}\n"
+        f"  options changed from the defaults: {', '.join(changed) or 'none'}\n"
+        f"  (all options: {os.path.join(workdir, 'config.json')})"
+    )
+
+
 def main(argv):
     if len(argv) > 1:
         sys.exit(
@@ -136,7 +157,12 @@ def main(argv):
     from capsnet_tf.extras import MissingDependencyError
     from capsnet_tf.training import IncompatibleWorkdirError, train_and_evaluate, train_ensemble
 
+    if not flags.FLAGS["verbosity"].present:
+        # TFDS's and TensorFlow's Python INFO lines ("Load dataset info ...")
+        # only with --verbosity=0 (absl's own flag) or higher.
+        logging.set_verbosity(logging.WARNING)
     config = config_from_flags()
+    print(configuration_summary(config, _WORKDIR.value))
     logging.info("Configuration:\n%s", config.to_json())
     try:
         if config.num_trials > 1:

@@ -66,6 +66,10 @@ def load_tfds_split(name, split, data_dir=None):
             with_info=True,
             download=False,
             shuffle_files=False,
+            # No TFDS auto-cache: the pipelines read a split into memory once
+            # (`in_memory`), and a partly read auto-cache (a few test images
+            # for the figures) only warns that it was discarded.
+            read_config=tfds.ReadConfig(try_autocache=False),
         )
     except (AssertionError, tfds.core.registered.DatasetNotFoundError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
