@@ -17,6 +17,7 @@ import time
 _START_TIME = time.time()  # the run's clock (time to --target_accuracy) starts here
 
 import dataclasses  # noqa: E402
+import logging as std_logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
@@ -131,6 +132,14 @@ def _expand_flagfiles(argv, search_dirs, depth):
     return expanded
 
 
+def _own_info_only(record):
+    """Keeps warnings and errors, and INFO records logged by this project's files."""
+    import capsnet_tf
+
+    own = (_HERE, os.path.dirname(os.path.abspath(capsnet_tf.__file__)))
+    return record.levelno >= std_logging.WARNING or record.pathname.startswith(own)
+
+
 def configuration_summary(config, workdir):
     """One short paragraph: the options that differ from the defaults, and where the rest is."""
     defaults = ExperimentConfig()
@@ -158,12 +167,13 @@ def main(argv):
     from capsnet_tf.training import IncompatibleWorkdirError, train_and_evaluate, train_ensemble
 
     if not flags.FLAGS["verbosity"].present:
-        # TFDS's and TensorFlow's Python INFO lines ("Load dataset info ...")
-        # only with --verbosity=0 (absl's own flag) or higher.
-        logging.set_verbosity(logging.WARNING)
+        # Other libraries' INFO lines (TFDS's "Load dataset info ...") only
+        # with --verbosity=0 (absl's own flag) or higher; this project's own
+        # INFO lines (a resumed run, the replicas in sync) always show.
+        logging.get_absl_logger().addFilter(_own_info_only)
     config = config_from_flags()
     print(configuration_summary(config, _WORKDIR.value))
-    logging.info("Configuration:\n%s", config.to_json())
+    logging.debug("Configuration:\n%s", config.to_json())
     try:
         if config.num_trials > 1:
             results = train_ensemble(config, _WORKDIR.value, overwrite=_OVERWRITE.value)

@@ -404,7 +404,7 @@ def test_two_workers_on_localhost_agree_with_one_process(tfds_data_dir, tmp_path
     for name, value in chief_weights.items():
         np.testing.assert_array_equal(value, worker_weights[name], err_msg=name)
     for name, values in chief_results["history"].items():
-        if not name.startswith("train_"):  # not the timings
+        if not name.startswith("train_") and name != "wall_seconds":  # not the timings
             np.testing.assert_allclose(values, worker_results["history"][name], err_msg=name)
     assert worker_results["test_accuracy"] == chief_results["test_accuracy"]
 

@@ -59,8 +59,8 @@ def test_predict_prints_classes_and_writes_reconstructions(export_dir, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [LINE.match(line) for line in result.stdout.splitlines() if ": class " in line]
     names = [match["name"] for match in lines]
-    batch = [f"batch.npy[{i}]" for i in range(3)]
-    assert names == ["gray.png", "rgb.png", "one.npy", *batch]
+    batch_names = [f"batch.npy[{i}]" for i in range(3)]
+    assert names == ["gray.png", "rgb.png", "one.npy", *batch_names]
 
     gray_rgb = np.asarray(Image.fromarray(rgb).convert("L"))
     images = np.concatenate(
