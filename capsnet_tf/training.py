@@ -30,7 +30,6 @@ from capsnet_tf.callbacks import (
     WeightsCheckpoint,
     load_weights,
 )
-from capsnet_tf.callbacks.progress import last_logged
 from capsnet_tf.config import ExperimentConfig
 from capsnet_tf.data.registry import load_experiment_data
 from capsnet_tf.distribute import make_strategy, prepare_model, shard_by_data, worker_workdir
@@ -41,6 +40,7 @@ from capsnet_tf.workdir import (
     IncompatibleWorkdirError,
     best_logged,
     check_workdir,
+    last_logged,
     load_trained_model,
     read_run_files,
 )

@@ -32,6 +32,8 @@ from capsnet_tf.models.capsnet import CapsNet
 __all__ = [
     "IncompatibleWorkdirError",
     "best_logged",
+    "last_logged",
+    "logged_values",
     "check_workdir",
     "load_trained_model",
     "read_run_files",
@@ -105,15 +107,24 @@ def check_workdir(workdir, config, overwrite):
 
 
 
+def logged_values(csv_path, column):
+    """The values of `column` in a run's CSV log, rows in order (missing cells left out)."""
+    if not os.path.exists(csv_path):
+        return []
+    with open(csv_path, newline="") as file:
+        return [float(row[column]) for row in csv.DictReader(file) if row.get(column)]
+
+
 def best_logged(csv_path, metric):
     """The best value of `metric` in an earlier run's CSV log, or None."""
-    if not os.path.exists(csv_path):
-        return None
-    with open(csv_path, newline="") as file:
-        values = [
-            float(row[metric]) for row in csv.DictReader(file) if row.get(metric)
-        ]
+    values = logged_values(csv_path, metric)
     return max(values) if values else None
+
+
+def last_logged(csv_path, column):
+    """The value of `column` in the last row of a CSV log that has one, or None."""
+    values = logged_values(csv_path, column)
+    return values[-1] if values else None
 
 
 

@@ -22,7 +22,8 @@ MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
 def imported_modules(path):
-    """The `capsnet_tf` modules that the file at `path` imports, anywhere in it."""
+    """The `capsnet_tf` modules (and their packages) that the file at `path` imports."""
+    importer = module_name(path)
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -36,7 +37,16 @@ def imported_modules(path):
             ]
         else:
             continue
-        found.update(name for name in names if name in MODULES)
+        for name in names:
+            if name not in MODULES:
+                continue
+            found.add(name)
+            # Importing a.b.c runs package a.b's __init__ first; from inside
+            # a.b that is the package importing itself, no circle.
+            parent = name.rpartition(".")[0]
+            while parent and not importer.startswith(parent + ".") and importer != parent:
+                found.add(parent)
+                parent = parent.rpartition(".")[0]
     return found
 
 

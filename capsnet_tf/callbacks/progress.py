@@ -15,23 +15,15 @@ They write into the epoch `logs` dict, so they must come before
 `keras.callbacks.CSVLogger` in the callback list for their values to be logged.
 """
 
-import csv
 import json
 import os
 import time
 
 import keras
 
-__all__ = ["EpochTimer", "TargetAccuracy", "TestSetEvaluation", "WallClock", "last_logged"]
+from capsnet_tf.workdir import last_logged
 
-
-def last_logged(csv_path, column):
-    """The value of `column` in the last row of a CSV log that has one, or None."""
-    if not os.path.exists(csv_path):
-        return None
-    with open(csv_path, newline="") as file:
-        values = [row[column] for row in csv.DictReader(file) if row.get(column)]
-    return float(values[-1]) if values else None
+__all__ = ["EpochTimer", "TargetAccuracy", "TestSetEvaluation", "WallClock"]
 
 
 class EpochTimer(keras.callbacks.Callback):
