@@ -24,6 +24,7 @@ import numpy as np
 
 __all__ = [
     "CheckpointError",
+    "CheckpointWriteError",
     "load_weights",
     "read_checkpoint_metadata",
     "remove_stale_temporaries",
@@ -50,6 +51,23 @@ class CheckpointError(ValueError):
     def __init__(self, message, path):
         super().__init__(message)
         self.path = path
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, file-size limit, I/O error).
+
+    The file it would have replaced is intact. Attributes: `path`, the file;
+    `cause`, the underlying error.
+    """
+
+    def __init__(self, message, path, cause):
+        super().__init__(getattr(cause, "errno", None), message)
+        self.message = message
+        self.path = path
+        self.cause = cause
+
+    def __str__(self):
+        return self.message
 
 
 def weights_fingerprint(model):
@@ -175,9 +193,18 @@ def save_weights_atomically(
         if previous is not None and os.path.exists(filepath):
             os.replace(filepath, previous)
         os.replace(temporary, filepath)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.remove(temporary)
+        if isinstance(error, (OSError, RuntimeError)):  # h5py reports failed writes as either
+            raise CheckpointWriteError(
+                f"Could not write {filepath}: {_describe(error)}. "
+                + ("The previous file is intact. " if os.path.exists(filepath) else "")
+                + "Free some space there (or raise the file-size limit) and run the same "
+                "command again to continue.",
+                filepath,
+                error,
+            ) from error
         raise
     _fsync_directory(directory)
     return metadata

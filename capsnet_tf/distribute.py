@@ -50,6 +50,7 @@ __all__ = [
     "STRATEGIES",
     "describe_strategy",
     "is_chief",
+    "is_multi_worker",
     "make_strategy",
     "prepare_model",
     "read_tf_config",
@@ -363,6 +364,13 @@ def describe_strategy(strategy):
         role = "chief" if is_chief(strategy) else "not chief"
         text += f"; this task: {resolver.task_type} {resolver.task_id} ({role})"
     return text
+
+
+def is_multi_worker(strategy):
+    """Whether `strategy` spans several processes (`MultiWorkerMirroredStrategy`)."""
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
 def is_chief(strategy):

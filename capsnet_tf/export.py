@@ -503,6 +503,7 @@ def export_saved_model(
     metadata=None,
     tflite=False,
     verify=True,
+    derived=None,
 ):
     """Writes the inference model as a SavedModel into `export_dir/<version>/`.
 
@@ -527,6 +528,10 @@ def export_saved_model(
             version directory.
         verify: reload the written SavedModel and compare it with the Keras
             model before publishing it.
+        derived: optional callable given the staged SavedModel directory
+            before it is published, to write files made from it there (the
+            quantized TFLite and ONNX models of `capsnet_tf.deploy`); if it
+            raises, nothing is published.
 
     Returns:
         The path of the version directory.
@@ -600,6 +605,8 @@ def export_saved_model(
             _verify(saved, inference, info)
         if tflite:
             convert_to_tflite(saved, os.path.join(saved, TFLITE_FILE))
+        if derived is not None:
+            derived(saved)
         if os.path.lexists(target):
             backup = os.path.join(staging, "previous")
             os.rename(target, backup)

@@ -22,6 +22,7 @@ import keras
 from capsnet_tf.callbacks import (
     DivergenceGuard,
     EpochTimer,
+    GracefulStop,
     ReconstructionImages,
     TargetAccuracy,
     TestSetEvaluation,
@@ -31,10 +32,18 @@ from capsnet_tf.callbacks import (
     load_weights,
 )
 from capsnet_tf.config import ExperimentConfig
+from capsnet_tf.data.pipeline import resumable_training_data
 from capsnet_tf.data.registry import load_experiment_data
-from capsnet_tf.distribute import make_strategy, prepare_model, shard_by_data, worker_workdir
+from capsnet_tf.distribute import (
+    is_multi_worker,
+    make_strategy,
+    prepare_model,
+    shard_by_data,
+    worker_workdir,
+)
 from capsnet_tf.losses import MarginLoss, ReconstructionLoss
 from capsnet_tf.models.capsnet import CapsNet
+from capsnet_tf.runlock import lock_workdir
 from capsnet_tf.schedules import make_schedule
 from capsnet_tf.workdir import (
     IncompatibleWorkdirError,
@@ -233,11 +242,13 @@ def _baseline_targets(dataset):
                                                 {"logits": targets["length"]}))
 
 
-def _make_callbacks(config, workdir, spec, test_data, start_time):
+def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=False):
     """Checkpointing, logging, progress and safety callbacks of a training run.
 
     `test_data` is evaluated every epoch beside a validation split
     (`config.validation_examples`); `start_time` starts the run's clock.
+    Under a multi-worker strategy (`multi_worker`) a signal stops training
+    without a new backup (see `GracefulStop`).
     """
     checkpoints = os.path.join(workdir, "checkpoints")
     os.makedirs(checkpoints, exist_ok=True)
@@ -304,6 +315,8 @@ def _make_callbacks(config, workdir, spec, test_data, start_time):
             )
         )
     callbacks.append(backup)
+    # After the backup: at an epoch end it stops once that epoch is saved.
+    callbacks.append(GracefulStop(backup, save=not multi_worker))
     return callbacks
 
 
@@ -337,6 +350,13 @@ def train_and_evaluate(config, workdir, overwrite=False, start_time=None):
             hold the last good state.
         capsnet_tf.callbacks.CheckpointError: no backup can be restored
             (all truncated or corrupted); nothing was changed.
+        capsnet_tf.callbacks.CheckpointWriteError: a checkpoint or backup
+            could not be written (disk full); the file before it is intact.
+        capsnet_tf.callbacks.TrainingInterrupted: SIGTERM or Ctrl-C during
+            training; the state was backed up after the step in flight, and
+            calling again continues with the very next batch.
+        capsnet_tf.runlock.WorkdirBusyError: another process is training in
+            `workdir`; nothing was changed.
     """
     config.validate()
     start_time = time.time() if start_time is None else start_time
@@ -344,7 +364,13 @@ def train_and_evaluate(config, workdir, overwrite=False, start_time=None):
     strategy = _make_strategy(config)
     # Workers other than the chief write their own copy elsewhere.
     workdir = worker_workdir(workdir, strategy)
-    os.makedirs(workdir, exist_ok=True)
+    # One training process per work directory, before anything in it changes.
+    with lock_workdir(workdir):
+        return _train_and_evaluate(config, workdir, overwrite, start_time, strategy)
+
+
+def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
+    """`train_and_evaluate` once the work directory is locked."""
     check_workdir(workdir, config, overwrite)
     keras.utils.set_random_seed(config.seed)
     _set_precision(config)
@@ -359,26 +385,39 @@ def train_and_evaluate(config, workdir, overwrite=False, start_time=None):
 
     with strategy.scope():
         model = build_model(config, spec.image_shape, spec.num_classes, spec.num_targets)
-        steps_per_epoch = config.steps_per_epoch or math.ceil(
-            (config.train_examples or spec.num_examples) / config.batch_size
+        batches = int(train_data.cardinality())
+        steps_per_epoch = config.steps_per_epoch or (
+            batches if batches > 0
+            else math.ceil((config.train_examples or spec.num_examples) / config.batch_size)
         )
         model = compile_model(model, config, spec.num_targets, steps_per_epoch)
     prepare_model(model, strategy, train_data.element_spec)
     with open(os.path.join(workdir, "model.json"), "w") as file:
         json.dump(model.get_config(), file, indent=2)
-    callbacks = _make_callbacks(config, workdir, spec, test_data, start_time)
-    start = time.perf_counter()
-    history = model.fit(
-        train_data,
-        epochs=config.epochs,
-        steps_per_epoch=config.steps_per_epoch,
-        # The official runs validate on the test set; with a validation split
-        # the test set is evaluated beside it by `TestSetEvaluation`.
-        validation_data=test_data if validation_data is None else validation_data,
-        shuffle=False,  # the tf.data pipeline shuffles
-        callbacks=callbacks,
-        verbose=config.verbose,
+    callbacks = _make_callbacks(
+        config, workdir, spec, test_data, start_time, multi_worker=is_multi_worker(strategy)
     )
+    backup = next(c for c in callbacks if isinstance(c, TrainingStateBackup))
+    # The batches the interrupted run would have read next (see `resumable_training_data`).
+    resume_step = backup.resume_point(model)
+    backup.data_position = resume_step
+    start = time.perf_counter()
+    try:
+        history = model.fit(
+            resumable_training_data(train_data, resume_step),
+            epochs=config.epochs,
+            steps_per_epoch=steps_per_epoch,
+            # The official runs validate on the test set; with a validation split
+            # the test set is evaluated beside it by `TestSetEvaluation`.
+            validation_data=test_data if validation_data is None else validation_data,
+            shuffle=False,  # the tf.data pipeline shuffles
+            callbacks=callbacks,
+            verbose=config.verbose,
+        )
+    finally:  # a notebook's Ctrl-C is its own again, however fit ended
+        for callback in callbacks:
+            if isinstance(callback, GracefulStop):
+                callback.uninstall()
     train_seconds = time.perf_counter() - start
 
     best = os.path.join(workdir, "checkpoints", "best.weights.h5")
@@ -436,10 +475,15 @@ def train_ensemble(config, workdir, overwrite=False):
         `test_error`, and `trials` (each trial's results), also written to
         `workdir/results.json`.
     """
+    config.validate()
+    with lock_workdir(workdir):  # each trial's directory is locked by its own run as well
+        return _train_ensemble(config, workdir, overwrite)
+
+
+def _train_ensemble(config, workdir, overwrite):
+    """`train_ensemble` once the parent work directory is locked."""
     from capsnet_tf.ensemble import evaluate_ensemble
 
-    config.validate()
-    os.makedirs(workdir, exist_ok=True)
     check_workdir(workdir, config, overwrite)
     with open(os.path.join(workdir, "config.json"), "w") as file:
         file.write(config.to_json())

@@ -4,13 +4,17 @@ Usage, from the repository root or from `experiments/`:
 
     python experiments/export.py --workdir=/tmp/capsnet_mnist --export_dir=/tmp/capsnet_serving
     python experiments/export.py --workdir=... --export_dir=... --version=2 --tflite
+    python experiments/export.py --workdir=... --export_dir=... --tflite \
+        --quantize=dynamic,float16,int8 --onnx
 
 Reads the best (or `--checkpoint=latest`) checkpoint of a training work
 directory (`experiments/mnist.py --workdir=...`) and writes
 `<export_dir>/<version>/`: the SavedModel (signatures `serving_default` for
 uint8 images, `serving_float` for float32 images in [0, 1], `decode` for
 capsules), `assets/labels.txt`, `assets/capsnet_metadata.json`,
-`assets/README.txt` and, with `--tflite`, `model.tflite`. An existing
+`assets/README.txt` and, with `--tflite`, `model.tflite`; with `--quantize`,
+`model_<mode>.tflite`; with `--onnx`, `model.onnx` (`capsnet_tf.deploy`, the
+`export` extra). An existing
 version is never replaced unless `--overwrite` is given. Serve it with
 
     tensorflow_model_server --model_name=capsnet --model_base_path=<export_dir>
@@ -44,6 +48,25 @@ _OVERWRITE = flags.DEFINE_bool(
 _TFLITE = flags.DEFINE_bool(
     "tflite", False, "Also write <export_dir>/<version>/model.tflite (built-in TFLite ops)."
 )
+_QUANTIZE = flags.DEFINE_list(
+    "quantize", [],
+    "Also write model_<mode>.tflite for each mode, comma-separated: dynamic (int8 weights), "
+    "float16 (float16 weights), int8 (full integer, uint8 input and output, calibrated on "
+    "--calibration_examples training images). Needs the export extra.",
+)
+flags.register_validator(
+    "quantize",
+    lambda modes: all(mode in ("dynamic", "float16", "int8") for mode in modes),
+    message="--quantize takes modes from dynamic, float16, int8 (comma-separated)",
+)
+_CALIBRATION_EXAMPLES = flags.DEFINE_integer(
+    "calibration_examples", 500, "Training images that calibrate --quantize=int8.",
+    lower_bound=1,
+)
+_ONNX = flags.DEFINE_bool(
+    "onnx", False, "Also write model.onnx (tf2onnx, serving_float signature). Needs the export "
+    "extra.",
+)
 
 
 def main(argv):
@@ -57,6 +80,14 @@ def main(argv):
     )
     from capsnet_tf.workdir import load_trained_model
 
+    if _QUANTIZE.value or _ONNX.value:
+        from capsnet_tf.deploy import check_export_extra
+        from capsnet_tf.extras import MissingDependencyError
+
+        try:  # before anything slow
+            check_export_extra(onnx=_ONNX.value, tflite=bool(_QUANTIZE.value))
+        except MissingDependencyError as error:
+            sys.exit(f"error: {error}")
     try:
         # Refuse an occupied version before the (slow) model loading.
         check_export_target(_EXPORT_DIR.value, _VERSION.value, _OVERWRITE.value)
@@ -75,6 +106,26 @@ def main(argv):
         "dataset": config.dataset,
         "model_config": model.get_config(),
     }
+    calibration = None
+    if "int8" in _QUANTIZE.value:
+        try:
+            calibration = _calibration_images(config, _CALIBRATION_EXAMPLES.value)
+        except (FileNotFoundError, ValueError) as error:
+            sys.exit(f"error: {error}")
+    written = []
+
+    def derived(saved):
+        """The quantized TFLite files and the ONNX model, made from the staged SavedModel."""
+        from capsnet_tf import deploy
+
+        for mode in _QUANTIZE.value:
+            name = deploy.quantized_tflite_name(mode)
+            deploy.quantize_tflite(saved, mode, calibration, os.path.join(saved, name))
+            written.append(name)
+        if _ONNX.value:
+            deploy.convert_to_onnx(saved, os.path.join(saved, deploy.ONNX_FILE))
+            written.append(deploy.ONNX_FILE)
+
     try:
         path = export_saved_model(
             model,
@@ -84,12 +135,31 @@ def main(argv):
             class_names=class_names,
             metadata=source,
             tflite=_TFLITE.value,
+            derived=derived if _QUANTIZE.value or _ONNX.value else None,
         )
     except (ExportExistsError, ValueError) as error:
         sys.exit(f"error: {error}")
     print(f"Exported {_WORKDIR.value} ({_CHECKPOINT.value} checkpoint) to {path}")
     if _TFLITE.value:
-        print(f"TFLite model: {os.path.join(path, 'model.tflite')}")
+        written.insert(0, "model.tflite")
+    for name in written:
+        file = os.path.join(path, name)
+        print(f"  {name}: {os.path.getsize(file) / 2**20:.1f} MiB")
+
+
+def _calibration_images(config, count):
+    """The first `count` training images of the run's data set, uint8 (never test images)."""
+    import numpy as np
+
+    from capsnet_tf.data.pipeline import load_tfds_split
+
+    if config.dataset not in ("mnist", "fashion_mnist"):
+        raise ValueError(
+            f"--quantize=int8 calibrates on TFDS training images; {config.dataset!r} runs "
+            "are not supported. Use --quantize=dynamic or float16."
+        )
+    dataset, _ = load_tfds_split(config.dataset, f"train[:{count}]", config.data_dir)
+    return np.stack([image for image, _ in dataset.as_numpy_iterator()])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 _START_TIME = time.time()  # the run's clock (time to --target_accuracy) starts here
 
 import dataclasses  # noqa: E402
+import errno  # noqa: E402
 import logging as std_logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -162,8 +163,10 @@ def main(argv):
             "only, written --name=value (boolean flags: --name or --noname). Remove the "
             "extra argument(s); pass --helpshort to see the flags."
         )
+    from capsnet_tf.callbacks import CheckpointWriteError, TrainingInterrupted
     from capsnet_tf.data import DatasetNotFoundError
     from capsnet_tf.extras import MissingDependencyError
+    from capsnet_tf.runlock import WorkdirBusyError
     from capsnet_tf.training import IncompatibleWorkdirError, train_and_evaluate, train_ensemble
 
     if not flags.FLAGS["verbosity"].present:
@@ -181,10 +184,25 @@ def main(argv):
             results = train_and_evaluate(
                 config, _WORKDIR.value, overwrite=_OVERWRITE.value, start_time=_START_TIME
             )
+    except TrainingInterrupted as stop:
+        print(stop, file=sys.stderr)
+        sys.exit(stop.exit_code)
+    except KeyboardInterrupt:  # outside the training steps (start-up, final evaluation)
+        print("Interrupted outside the training steps; every file written is complete. The "
+              "same command continues the run from its last backup.", file=sys.stderr)
+        sys.exit(130)
     except (
-        DatasetNotFoundError, IncompatibleWorkdirError, MissingDependencyError, ValueError
+        CheckpointWriteError, DatasetNotFoundError, IncompatibleWorkdirError,
+        MissingDependencyError, WorkdirBusyError, ValueError,
     ) as error:
         sys.exit(f"error: {error}")
+    except OSError as error:  # a full disk outside the checkpoints (logs, results)
+        if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise
+        sys.exit(
+            f"error: Could not write {error.filename or 'a file'} in {_WORKDIR.value}: "
+            f"{error.strerror}. Free some space and run the same command again to continue."
+        )
     print(
         f"Test accuracy: {100 * results['test_accuracy']:.2f}%  "
         f"test error: {100 * results['test_error']:.2f}%  "

@@ -1,35 +1,36 @@
-r"""Measures an exported CapsNet: latency, throughput and size on disk.
+r"""Measures an exported CapsNet in every format it was exported to: latency, size, accuracy.
 
 Usage:
 
     python experiments/serving_benchmark.py --model=/tmp/capsnet_serving/1 \
-        --repeats=200 --output=/tmp/capsnet_serving_benchmark.json
+        --repeats=200 --agreement_dataset=mnist --output=/tmp/capsnet_serving_benchmark.json
 
 Loads the SavedModel with `tf.saved_model.load` and times its
 `serving_default` signature (uint8 input): single-image latency (median and
 90th percentile of `--repeats` calls after warm-up) and the throughput of
-`--batch_size` batches (median over `max(3, repeats // 20)` calls). When the
-version directory holds `model.tflite`, its single-image latency is timed
-with the TFLite interpreter too. With `--agreement_dataset=mnist` the whole
-test split is classified by the SavedModel (accuracy) and by the TFLite model
-(fraction of equal classes, largest probability difference). Prints a summary
-and writes it as JSON, with the sizes of the export's files, the CPU count and
-the load average (the machine may be shared: compare runs made under the same
-load).
+`--batch_size` batches (median over `max(3, repeats // 20)` calls). Every other
+format in the version directory is timed the same way in its own runtime:
+`model.tflite` and the quantized `model_<mode>.tflite` files in LiteRT
+(`ai_edge_litert`), `model.onnx` in ONNX Runtime (these need the `export`
+extra). With `--agreement_dataset=mnist` the whole test split is classified
+by every format: accuracy, the fraction of images given the SavedModel's
+class, and the largest probability difference from the SavedModel. Prints a
+table and writes it as JSON, with the file sizes, the CPU count and the load
+average (the machine may be shared: compare runs made under the same load).
 """
 
+import glob
 import json
 import os
 import platform
 import statistics
 import sys
 import time
-import warnings
 
 from absl import app, flags
 
-# tf.lite.Interpreter still works in TensorFlow 2.21; ai_edge_litert replaces it.
-warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))  # the repository, when not installed
 
 _MODEL = flags.DEFINE_string(
     "model", None, "SavedModel directory (<export_dir>/<version>).", required=True
@@ -55,44 +56,51 @@ _DATA_DIR = flags.DEFINE_string(
 )
 
 
-def agreement(serve, tflite_path, dataset, data_dir, batch_size):
-    """Accuracy of the SavedModel on a test split, and how closely TFLite agrees."""
+def load_test_split(dataset, data_dir):
+    """All test images (uint8 `[n, H, W, C]`) and labels of a TFDS data set."""
     import numpy as np
-    import tensorflow as tf
     import tensorflow_datasets as tfds
 
     data = tfds.load(dataset, split="test", as_supervised=True, data_dir=data_dir,
-                     download=False).batch(batch_size)
-    runner = None
-    if tflite_path:
-        runner = tf.lite.Interpreter(model_path=tflite_path).get_signature_runner(
-            "serving_default"
-        )
-    count = correct = same_class = 0
-    max_difference = 0.0
+                     download=False, batch_size=-1)
+    images, labels = tfds.as_numpy(data)
+    return np.asarray(images), np.asarray(labels)
+
+
+def agreement(runtime, reference, images, labels, batch_size):
+    """Accuracy of one format on a test split, and how closely it agrees with the SavedModel.
+
+    `reference`: the SavedModel's `(class_ids, probabilities)` on the same
+    images, or None when `runtime` is the SavedModel itself.
+    """
+    import numpy as np
+
+    from capsnet_tf.deploy import classify
+
     start = time.perf_counter()
-    for images, labels in data:
-        outputs = serve(images=images)
-        class_ids = outputs["class_ids"].numpy()
-        count += len(class_ids)
-        correct += int(np.sum(class_ids == labels.numpy()))
-        if runner is not None:
-            lite = runner(images=images.numpy())
-            same_class += int(np.sum(lite["class_ids"] == class_ids))
-            max_difference = max(
-                max_difference,
-                float(np.max(np.abs(lite["probabilities"] - outputs["probabilities"].numpy()))),
-            )
+    class_ids, probabilities = classify(runtime, images, batch_size)
     result = {
-        "dataset": dataset,
-        "examples": count,
-        "saved_model_accuracy": correct / count,
+        "examples": len(labels),
+        "accuracy": float(np.mean(class_ids == labels)),
         "seconds": time.perf_counter() - start,
     }
-    if runner is not None:
-        result["tflite_same_class_fraction"] = same_class / count
-        result["tflite_max_probability_difference"] = max_difference
-    return result
+    if reference is not None:
+        result["same_class_as_saved_model"] = float(np.mean(class_ids == reference[0]))
+        result["max_probability_difference"] = float(np.max(np.abs(probabilities - reference[1])))
+    return result, (class_ids, probabilities)
+
+
+def other_formats(model_dir):
+    """`{file name: loader}` of the TFLite and ONNX files next to the SavedModel."""
+    from capsnet_tf import deploy
+
+    found = {}
+    for path in sorted(glob.glob(os.path.join(model_dir, "*.tflite"))):
+        found[os.path.basename(path)] = lambda path=path: deploy.litert_interpreter(path)
+    onnx_path = os.path.join(model_dir, deploy.ONNX_FILE)
+    if os.path.exists(onnx_path):
+        found[deploy.ONNX_FILE] = lambda: deploy.onnx_session(onnx_path)
+    return found
 
 
 def directory_size(path):
@@ -158,6 +166,10 @@ def main(argv):
         "variables_bytes": directory_size(os.path.join(model_dir, "variables")),
         "assets_bytes": directory_size(os.path.join(model_dir, "assets")),
     }
+    # The SavedModel alone, without the other formats' files beside it.
+    sizes["saved_model_bytes"] = (
+        sizes["saved_model_pb_bytes"] + sizes["variables_bytes"] + sizes["assets_bytes"]
+    )
     results = {
         "model": os.path.abspath(model_dir),
         "image_shape": list(image_shape),
@@ -181,46 +193,56 @@ def main(argv):
             "tensorflow_version": tf.__version__,
         },
     }
-    tflite_path = os.path.join(model_dir, "model.tflite")
-    if os.path.exists(tflite_path):
-        interpreter = tf.lite.Interpreter(model_path=tflite_path)
-        runner = interpreter.get_signature_runner("serving_default")
-        pixels = single.numpy()
-        tflite_latency = _timed(lambda: runner(images=pixels), _REPEATS.value, _WARMUP.value)
-        sizes["tflite_bytes"] = os.path.getsize(tflite_path)
-        sizes["saved_model_bytes_without_tflite"] = sizes["total_bytes"] - sizes["tflite_bytes"]
-        results["tflite_single_image_latency_ms"] = {
-            "median": 1000 * statistics.median(tflite_latency),
-            "p90": 1000 * _percentile(tflite_latency, 0.9),
-            "repeats": len(tflite_latency),
-        }
+    from capsnet_tf.deploy import classify
+
+    test = None
     if _AGREEMENT_DATASET.value:
-        results["agreement"] = agreement(
-            serve,
-            tflite_path if os.path.exists(tflite_path) else None,
-            _AGREEMENT_DATASET.value,
-            _DATA_DIR.value,
-            _BATCH_SIZE.value,
-        )
+        test = load_test_split(_AGREEMENT_DATASET.value, _DATA_DIR.value)
+        results["agreement"], reference = agreement(loaded, None, *test, _BATCH_SIZE.value)
+        results["agreement"]["dataset"] = _AGREEMENT_DATASET.value
+    formats = {}
+    pixels, many = single.numpy(), batch.numpy()
+    for name, load in other_formats(model_dir).items():
+        runtime = load()
+        seconds = _timed(lambda runtime=runtime: classify(runtime, pixels), _REPEATS.value,
+                         _WARMUP.value)
+        batch_seconds = statistics.median(_timed(
+            lambda runtime=runtime: classify(runtime, many, len(many)), batch_repeats, 1
+        ))
+        entry = {
+            "bytes": os.path.getsize(os.path.join(model_dir, name)),
+            "single_image_latency_ms": {
+                "median": 1000 * statistics.median(seconds),
+                "p90": 1000 * _percentile(seconds, 0.9),
+                "repeats": len(seconds),
+            },
+            "batch_images_per_second": _BATCH_SIZE.value / batch_seconds,
+        }
+        if test is not None:
+            entry["agreement"], _ = agreement(runtime, reference, *test, _BATCH_SIZE.value)
+        formats[name] = entry
+    results["formats"] = formats
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
-    print(f"SavedModel {model_dir}: {sizes['total_bytes'] / 2**20:.1f} MiB on disk "
+    print(f"SavedModel {model_dir}: {sizes['saved_model_bytes'] / 2**20:.1f} MiB on disk "
           f"(variables {sizes['variables_bytes'] / 2**20:.1f} MiB), loaded in {load_seconds:.1f} s")
     print(f"single image: median {results['single_image_latency_ms']['median']:.2f} ms, "
           f"p90 {results['single_image_latency_ms']['p90']:.2f} ms over {len(latency)} calls")
     print(f"batch of {_BATCH_SIZE.value}: {batch_median:.3f} s, "
           f"{results['batch_throughput']['images_per_second']:.0f} images/s")
-    if "tflite_single_image_latency_ms" in results:
-        print(f"TFLite ({sizes['tflite_bytes'] / 2**20:.1f} MiB): single image median "
-              f"{results['tflite_single_image_latency_ms']['median']:.2f} ms")
     if "agreement" in results:
         found = results["agreement"]
         print(f"{found['dataset']} test ({found['examples']} images): SavedModel accuracy "
-              f"{100 * found['saved_model_accuracy']:.2f}%", end="")
-        if "tflite_same_class_fraction" in found:
-            print(f"; TFLite gives the same class for "
-                  f"{100 * found['tflite_same_class_fraction']:.3f}%, probabilities within "
-                  f"{found['tflite_max_probability_difference']:.2g}", end="")
-        print()
+              f"{100 * found['accuracy']:.2f}%")
+    for name, entry in results["formats"].items():
+        line = (f"{name}: {entry['bytes'] / 2**20:.1f} MiB, single image median "
+                f"{entry['single_image_latency_ms']['median']:.2f} ms, batch of "
+                f"{_BATCH_SIZE.value} {entry['batch_images_per_second']:.0f} images/s")
+        if "agreement" in entry:
+            found = entry["agreement"]
+            line += (f", accuracy {100 * found['accuracy']:.2f}%, same class as the "
+                     f"SavedModel {100 * found['same_class_as_saved_model']:.2f}%, "
+                     f"probabilities within {found['max_probability_difference']:.2g}")
+        print(line)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     with open(_OUTPUT.value, "w") as file:
         json.dump(results, file, indent=2)

@@ -37,10 +37,16 @@ def run(script, args, cwd=REPO_ROOT, env=None, timeout=300):
 
 
 def snapshot(directory):
-    """`{relative path: sha256}` of every file under `directory`."""
+    """`{relative path: sha256}` of every file under `directory`.
+
+    Not the training lock's `.lock`: it records who last opened the
+    directory for training, the refused run included (`capsnet_tf.runlock`).
+    """
     hashes = {}
     for root, _, names in os.walk(directory):
         for name in names:
+            if name == ".lock" and root == str(directory):
+                continue
             path = os.path.join(root, name)
             with open(path, "rb") as file:
                 hashes[os.path.relpath(path, directory)] = hashlib.sha256(file.read()).hexdigest()

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from capsnet_tf import CapsNet
+from capsnet_tf.deploy import litert_interpreter
 from capsnet_tf.export import (
     DATASET_CLASS_NAMES,
     ExportExistsError,
@@ -26,7 +27,6 @@ from tests.test_model import small_model
 EXPORT_SCRIPT = os.path.join(REPO_ROOT, "experiments", "export.py")
 OUTPUT_NAMES = {"probabilities", "class_ids", "capsules", "reconstruction"}
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*tf.lite.Interpreter is deprecated")
 
 
 def mnist_sized_model(**kwargs):
@@ -298,7 +298,7 @@ def test_tflite_agrees_with_the_saved_model(exported, tmp_path):
     _, _, path, loaded = exported
     flatbuffer = convert_to_tflite(path, str(tmp_path / "model.tflite"))
     assert os.path.getsize(tmp_path / "model.tflite") == len(flatbuffer)
-    interpreter = tf.lite.Interpreter(model_content=flatbuffer)
+    interpreter = litert_interpreter(model_content=flatbuffer)
     assert set(interpreter.get_signature_list()) == {"serving_default", "serving_float", "decode"}
     pixels = uint8_images(5, seed=5)
     expected = loaded.signatures["serving_default"](images=tf.constant(pixels))

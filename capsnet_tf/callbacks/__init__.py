@@ -30,16 +30,19 @@ Files written by Keras (`model.save_weights`, `ModelCheckpoint`,
 `BackupAndRestore`) load too, without the checks their attributes allow.
 
 Modules: `saving` (`TrainingStateBackup`, `WeightsCheckpoint`), `divergence`
-(`DivergenceGuard`), `progress` (speed, wall clock, test curve, time to a
-target accuracy), `images` (`ReconstructionImages` for TensorBoard).
+(`DivergenceGuard`), `interrupt` (`GracefulStop`: SIGTERM and Ctrl-C save
+the state and end `fit` with `TrainingInterrupted`), `progress` (speed, wall
+clock, test curve, time to a target accuracy), `images` (`ReconstructionImages` for TensorBoard).
 """
 
 from capsnet_tf.callbacks.divergence import DivergenceGuard, TrainingDivergedError, diverged_error
 from capsnet_tf.callbacks.images import ReconstructionImages
+from capsnet_tf.callbacks.interrupt import GracefulStop, TrainingInterrupted
 from capsnet_tf.callbacks.progress import EpochTimer, TargetAccuracy, TestSetEvaluation, WallClock
 from capsnet_tf.callbacks.saving import TrainingStateBackup, WeightsCheckpoint
 from capsnet_tf.checkpoints import (
     CheckpointError,
+    CheckpointWriteError,
     load_weights,
     read_checkpoint_metadata,
     remove_stale_temporaries,
@@ -49,12 +52,15 @@ from capsnet_tf.checkpoints import (
 
 __all__ = [
     "CheckpointError",
+    "CheckpointWriteError",
     "DivergenceGuard",
     "EpochTimer",
+    "GracefulStop",
     "ReconstructionImages",
     "TargetAccuracy",
     "TestSetEvaluation",
     "TrainingDivergedError",
+    "TrainingInterrupted",
     "TrainingStateBackup",
     "WallClock",
     "WeightsCheckpoint",

@@ -151,6 +151,9 @@ class TrainingStateBackup(keras.callbacks.Callback):
         self.previous_path = os.path.join(self.backup_dir, self.PREVIOUS_FILE)
         self.restored = None
         self.last_saved = None
+        # The global step the training data were positioned after (set by
+        # the caller from `resume_point`); checked against what is restored.
+        self.data_position = None
         self.steps_per_epoch = None
         self._resume_epoch = 0
         self._resume_step = 0
@@ -187,7 +190,36 @@ class TrainingStateBackup(keras.callbacks.Callback):
                 "step(s) of the next.", state["path"], state["global_step"], epoch, step,
             )
         self._resume_epoch, self._resume_step = epoch, step
+        restored_step = int(state["global_step"]) if state is not None else 0
+        if self.data_position is not None and restored_step != self.data_position:
+            logging.warning(
+                "The training data were positioned after global step %d, but the backup "
+                "restored is of global step %d: from here on the batches differ from those "
+                "of an uninterrupted run.", self.data_position, restored_step,
+            )
         self._trim_csv_log(epoch)
+
+    def resume_point(self, model):
+        """The global step the next `fit` will resume after, read before `fit` starts.
+
+        The metadata of the backup that `on_train_begin` will restore (the
+        last one, else the one before it), without loading its weights: the
+        training data can then be positioned (`resumable_training_data`) at
+        the batch the interrupted run would have read next. 0 when there is
+        no usable backup of this model.
+        """
+        for path, keras_metadata in self._candidates():
+            if keras_metadata is not None:
+                return 0  # Keras' own backups restart their epoch from step 0
+            try:
+                metadata = read_checkpoint_metadata(path)
+            except CheckpointError:
+                continue
+            fingerprint = metadata.get("fingerprint")
+            if fingerprint is not None and fingerprint != weights_fingerprint(model):
+                return 0
+            return int(metadata.get("global_step", 0))
+        return 0
 
     def _candidates(self):
         ours = [path for path in (self.state_path, self.previous_path) if os.path.exists(path)]
@@ -335,6 +367,21 @@ class TrainingStateBackup(keras.callbacks.Callback):
             global_step = _iterations(self.model)
             if global_step % self.save_every_steps == 0:
                 self._save(self._epoch, self._step, batch)
+
+    def epoch_end_follows(self, batch):
+        """Whether `fit`'s `batch` (just finished) is the last training step of its epoch."""
+        if self._stop_after is not None and batch + 1 >= self._stop_after:
+            return True
+        return bool(self.steps_per_epoch) and self._offset + batch + 1 >= self.steps_per_epoch
+
+    def save_now(self, batch):
+        """Backs up the state after `fit`'s `batch` of the current epoch; returns its metadata.
+
+        For a stop between two steps (`GracefulStop`): the resumed run
+        continues with the next step of this epoch.
+        """
+        self._save(self._epoch, self._offset + batch + 1, batch)
+        return self.last_saved
 
     def on_epoch_end(self, epoch, logs=None):
         if self._stopped_epoch:

@@ -18,6 +18,7 @@ __all__ = [
     "make_dataset",
     "random_shift",
     "resolve_data_dir",
+    "resumable_training_data",
 ]
 
 
@@ -192,6 +193,36 @@ def make_dataset(
     dataset = dataset.map(to_model_format, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
     return dataset, info
+
+
+def resumable_training_data(dataset, global_step=0):
+    """The training batches of every epoch in one stream, from batch `global_step` on.
+
+    `dataset` is one epoch of a training pipeline whose shuffle order and
+    augmentation are drawn anew on each pass (`reshuffle_each_iteration`,
+    `Dataset.random(rerandomize_each_iteration=True)`), deterministically
+    from the seeds: its `k`-th pass is the same in every process with the
+    same seed. `model.fit` with `steps_per_epoch` reads the repeated stream
+    with one iterator across epochs, so batch `n` of the stream is the one
+    trained at optimizer step `n + 1`. A run resumed after `global_step`
+    steps skips that many batches and continues with exactly the batches the
+    interrupted run would have read next: the same order, the same shifts.
+
+    The skipped batches are computed and dropped (tf.data has no cheaper way
+    to advance a reshuffling pass): for in-memory MNIST a few seconds per
+    epoch skipped.
+
+    Args:
+        dataset: a finite, batched training `tf.data.Dataset` (one epoch).
+        global_step: optimizer steps already done.
+
+    Returns:
+        An endless dataset; pass `steps_per_epoch` to `fit`.
+    """
+    if global_step < 0:
+        raise ValueError(f"`global_step` must be >= 0. Received: global_step={global_step}")
+    stream = dataset.repeat()
+    return stream.skip(global_step) if global_step else stream
 
 
 def check_pipeline_arguments(batch_size, take, shuffle_buffer):
