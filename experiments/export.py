@@ -120,7 +120,7 @@ def main(argv):
 
         for mode in _QUANTIZE.value:
             name = deploy.quantized_tflite_name(mode)
-            deploy.quantize_tflite(saved, mode, calibration, os.path.join(saved, name))
+            deploy.quantize_tflite(model, mode, calibration, os.path.join(saved, name))
             written.append(name)
         if _ONNX.value:
             deploy.convert_to_onnx(saved, os.path.join(saved, deploy.ONNX_FILE))

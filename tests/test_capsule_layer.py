@@ -277,3 +277,25 @@ def test_wrong_input_rank_is_refused():
     layer = CapsuleLayer(10, 16)
     with pytest.raises(ValueError):
         layer(np.zeros((2, 6, 6, 8), "float32"))
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+def test_straight_line_routing_traces_no_loop_and_gives_the_loops_values(leaky):
+    """Under `straight_line_routing` the inference graph has no While op, same outputs."""
+    layer = CapsuleLayer(4, 6, routing_iterations=3, leaky_routing=leaky, inference_chunk_size=2)
+    inputs = np.random.default_rng(3).normal(size=(5, 9, 8)).astype("float32")
+    spec = tf.TensorSpec((None, 9, 8), tf.float32)
+    looped = tf.function(lambda x: layer(x)).get_concrete_function(spec)
+    with capsule_layer.straight_line_routing():
+        straight = tf.function(lambda x: layer(x)).get_concrete_function(spec)
+
+    def op_types(function):
+        types = {op.type for op in function.graph.get_operations()}
+        for inner in function.graph._functions.values():
+            types |= {node.op for node in inner.definition.node_def}
+        return types
+
+    assert {"While", "StatelessWhile"} & op_types(looped)  # chunks and routing loop
+    assert not {"While", "StatelessWhile"} & op_types(straight)
+    np.testing.assert_allclose(straight(inputs), looped(inputs), rtol=1e-5, atol=1e-6)
+    assert not capsule_layer._straight_line()  # the block leaves no trace

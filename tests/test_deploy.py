@@ -164,17 +164,7 @@ def test_float_formats_give_the_saved_models_classes_and_probabilities(
     np.testing.assert_allclose(probabilities, saved_model_outputs[1], atol=1e-5)
 
 
-INT8_LOSES_ACCURACY = pytest.mark.xfail(
-    strict=True,
-    reason="full-integer quantization of the routing loop and the squash loses the "
-    "accuracy (issue 15, docs/serving.md); this fails loudly once it no longer does",
-)
-
-
-@pytest.mark.parametrize(
-    "mode", [m if m != "int8" else pytest.param(m, marks=INT8_LOSES_ACCURACY)
-             for m in QUANTIZATIONS],
-)
+@pytest.mark.parametrize("mode", QUANTIZATIONS)
 def test_quantized_models_are_smaller_and_their_accuracy_is_measured(
     export_dir, test_images, saved_model_outputs, tmp_path, mode
 ):

@@ -1,12 +1,42 @@
 """Fully connected capsules with routing-by-agreement (the paper's DigitCaps)."""
 
+import contextlib
+import threading
+
 import keras
 import tensorflow as tf
 from keras import ops
 
 from capsnet_tf.ops import squash
 
-__all__ = ["CapsuleLayer", "dynamic_routing"]
+__all__ = ["CapsuleLayer", "dynamic_routing", "straight_line_routing"]
+
+_STRAIGHT_LINE = threading.local()
+
+
+@contextlib.contextmanager
+def straight_line_routing():
+    """Traces routing without loops: iterations unrolled, the batch in one piece.
+
+    While tracing inside this block (e.g. exporting a SavedModel), the
+    routing iterations are unrolled and inference is not cut into chunks, so
+    the graph has no `tf.while_loop` around the routing. Same values; what
+    changes is the graph: full-integer (int8) TFLite quantization calibrates
+    every tensor of a loop body with one scale shared by all iterations, which
+    the routing logits (zero in the first iteration, large in the last) do not
+    survive, while unrolled every iteration gets its own scales
+    (`capsnet_tf.deploy.quantize_tflite`).
+    """
+    previous = getattr(_STRAIGHT_LINE, "on", False)
+    _STRAIGHT_LINE.on = True
+    try:
+        yield
+    finally:
+        _STRAIGHT_LINE.on = previous
+
+
+def _straight_line():
+    return getattr(_STRAIGHT_LINE, "on", False)
 
 
 def _coupling(logits, leaky):
@@ -79,6 +109,8 @@ def dynamic_routing(
         `(v, couplings)` where couplings is `[batch, iterations,
         input_capsules, output_capsules]`.
     """
+    if _straight_line() and not return_couplings and isinstance(iterations, int):
+        return _unrolled_routing(votes, bias, iterations, leaky)
     if jit_compile and not return_couplings:
         if not isinstance(iterations, int) or isinstance(iterations, bool):
             raise ValueError(
@@ -365,6 +397,7 @@ class CapsuleLayer(keras.layers.Layer):
             or jit_compile
             or tf.config.list_logical_devices("GPU")
             or _in_xla_context()
+            or _straight_line()
         ):
             return self._route(inputs, return_couplings, jit_compile)
         return _in_chunks(
