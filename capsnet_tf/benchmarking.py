@@ -22,6 +22,8 @@ __all__ = [
     "linear_fit",
     "model_flops_per_image",
     "peak_rss_gib",
+    "cpu_instruction_sets",
+    "matmul_ceilings",
     "percentile",
     "primary_conv_flops",
     "summary",
@@ -151,4 +153,32 @@ def conv_ceilings(batch):
 
     return forward_backward, forward
 
+
+MATMUL_SIZE = 2048
+
+
+def matmul_ceilings(size=MATMUL_SIZE):
+    """TensorFlow's `size`^3 matmul in float32 and bfloat16: the machine's matmul rate.
+
+    Returns:
+        `({"float32": fn, "bfloat16": fn}, flops per call)`.
+    """
+    functions = {}
+    for name, dtype in (("float32", tf.float32), ("bfloat16", tf.bfloat16)):
+        a = tf.Variable(tf.cast(tf.random.uniform((size, size), seed=4), dtype))
+        b = tf.Variable(tf.cast(tf.random.uniform((size, size), seed=5), dtype))
+        functions[name] = tf.function(lambda a=a, b=b: tf.matmul(a, b))
+    return functions, 2 * size**3
+
+
+def cpu_instruction_sets():
+    """The matmul-relevant instruction sets the CPU reports (Linux `/proc/cpuinfo`)."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
+    try:
+        with open("/proc/cpuinfo") as file:
+            flags = next((line.split(":", 1)[1].split() for line in file
+                          if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [name for name in wanted if name in flags]
 

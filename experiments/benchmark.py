@@ -136,9 +136,11 @@ def _train_step(model, batch):
 def run_train(results):
     batch = _BATCH_SIZE.value
     ceiling, _ = benchmarking.conv_ceilings(batch)
+    matmuls, matmul_flops = benchmarking.matmul_ceilings()
     models = {precision: _build(precision) for precision in _PRECISIONS.value}
     data = _batch(batch)
     functions = {"ceiling": ceiling}
+    functions.update({f"matmul_{name}": function for name, function in matmuls.items()})
     functions.update({p: _train_step(m, data) for p, m in models.items()})
     times = benchmarking.alternate(functions, _ROUNDS.value, _STEPS.value, _WARMUP.value)
     train_flops = 3 * benchmarking.model_flops_per_image(_ROUTING.value) * batch
@@ -148,6 +150,11 @@ def run_train(results):
             [ceiling_flops / t / 1e9 for t in times["ceiling"]]
         ),
         "ceiling_step_seconds": benchmarking.summary(times["ceiling"]),
+        "matmul_size": benchmarking.MATMUL_SIZE,
+        "matmul_gflops": {
+            name: benchmarking.summary([matmul_flops / t / 1e9 for t in times[f"matmul_{name}"]])
+            for name in matmuls
+        },
     }
     for precision in models:
         section[precision] = {
@@ -160,6 +167,12 @@ def run_train(results):
                 [ceiling_flops * t for t in times[precision]],
             ),
         }
+        # Against the matmul rate of its own precision (float16 against
+        # bfloat16's: both are 16-bit inputs on these CPUs), round by round.
+        matmul = times["matmul_float32" if precision == "float32" else "matmul_bfloat16"]
+        section[precision]["fraction_of_matmul_ceiling"] = _ratios(
+            [train_flops * t for t in matmul], [matmul_flops * t for t in times[precision]]
+        )
         if precision != "float32" and "float32" in models:
             section[precision]["speedup_over_float32"] = _ratios(
                 times["float32"], times[precision]
@@ -365,6 +378,9 @@ def markdown_table(results):
         lines.append(
             _row("float32 ceiling (PrimaryCaps conv fwd+bwd), GFLOP/s", train["ceiling_gflops"])
         )
+        size = train["matmul_size"]
+        for name, entry in train["matmul_gflops"].items():
+            lines.append(_row(f"{name} matmul {size}^3 (matmul-rate ceiling), GFLOP/s", entry))
         for precision, entry in train.items():
             if not isinstance(entry, dict) or "step_seconds" not in entry:
                 continue
@@ -372,6 +388,10 @@ def markdown_table(results):
             lines.append(_row(
                 f"training {precision}, fraction of the float32 ceiling",
                 entry["fraction_of_float32_ceiling"], digits=2,
+            ))
+            lines.append(_row(
+                f"training {precision}, fraction of its precision's matmul-rate ceiling",
+                entry["fraction_of_matmul_ceiling"], digits=2,
             ))
             if "speedup_over_float32" in entry:
                 lines.append(_row(
@@ -449,6 +469,7 @@ def main(argv):
             "tensorflow": tf.__version__,
             "keras": keras.__version__,
             "devices": [d.name for d in tf.config.list_logical_devices()],
+            "instruction_sets": benchmarking.cpu_instruction_sets(),
         },
         "settings": {
             "sections": [s for s in _SECTIONS if s in sections],

@@ -77,7 +77,18 @@ def test_tiny_run_writes_every_section(tmp_path):
         rates = [8 / t for t in (entry["step_seconds"]["min"], entry["step_seconds"]["max"])]
         assert entry["images_per_second"]["max"] == pytest.approx(max(rates))
         assert 0 < entry["fraction_of_float32_ceiling"]["median"] < 5
+        # The fraction of the matmul rate, round by round, lies between the
+        # extremes the raw training and matmul rates allow.
+        matmul = train["matmul_gflops"][precision]
+        train_gflops = entry["gflops"]
+        fraction = entry["fraction_of_matmul_ceiling"]["median"]
+        assert train_gflops["min"] / matmul["max"] <= fraction + 1e-9
+        assert fraction <= train_gflops["max"] / matmul["min"] + 1e-9
+    assert train["matmul_size"] == 2048
     assert train["bfloat16"]["speedup_over_float32"]["median"] > 0
+    assert set(results["machine"]["instruction_sets"]) <= {
+        "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile",
+    }
     inference = results["inference"]
     assert inference["saved_model"]["images_per_second"]["median"] > 0
     assert inference["single_image_latency_ms"]["n"] == 3
@@ -92,6 +103,16 @@ def test_tiny_run_writes_every_section(tmp_path):
     assert all(row["peak_gib"] >= row["after_build_gib"] > 0.1 for row in memory["runs"])
     table = (output / "benchmark.md").read_text()
     assert "fraction of the float32 ceiling" in table and "speed-up over float32" in table
+    assert "matmul-rate ceiling" in table
+
+
+def test_instruction_sets_are_the_cpus_own_flags():
+    with open("/proc/cpuinfo") as file:
+        text = file.read()
+    flags = set(text.split("flags", 1)[1].split("\n", 1)[0].split())
+    found = benchmarking.cpu_instruction_sets()
+    assert found and all(name in flags for name in found)
+    assert ("avx512f" in found) == ("avx512f" in flags)
 
 
 def test_unknown_section_is_refused(tmp_path):
