@@ -1,7 +1,7 @@
 """Deployment beyond TensorFlow: quantized TFLite files for LiteRT, and ONNX.
 
-Everything here starts from a SavedModel written by
-`capsnet_tf.export.export_saved_model` and needs the `export` extra
+Everything here starts from a trained CapsNet or its SavedModel
+(`capsnet_tf.export.export_saved_model`) and needs the `export` extra
 (`pip install -e ".[export]"`: `ai-edge-litert`, `tf2onnx`, `onnxruntime`);
 without it each function raises `MissingDependencyError` naming the extra.
 
@@ -16,9 +16,9 @@ without it each function raises `MissingDependencyError` naming the extra.
     representative sample of training images, with integer (uint8) input and
     output: the input's scale is 1/255, so a pixel's uint8 value is passed as
     it is. The model is converted with its routing unrolled
-    (`straight_line_routing`): quantized inside `WHILE` loops, whose
-    tensors share one scale over the routing iterations, it classified the
-    trained MNIST model's test images at 16% (docs/serving.md).
+    (`straight_line_routing`): inside `WHILE` loops the tensors of all
+    routing iterations share one int8 scale, which the routing logits (zero
+    at first, large at the end) do not survive (docs/serving.md).
 - `convert_to_onnx(saved_model_dir, path)`: `model.onnx` through tf2onnx,
   the routing loop as an ONNX `Loop` (as the SavedModel's `While`: the
   iteration count stays a property of the model, not of the converter).
@@ -107,7 +107,7 @@ def quantize_tflite(source, mode, images=None, output_path=None):
             directory written by `export_saved_model`. Give the model for
             `int8`: an ordinary export keeps the routing in `WHILE` loops,
             whose tensors share one int8 scale across the iterations, and the
-            quantized model then classifies little better than chance.
+            quantized model then loses most of its accuracy.
         mode: one of `QUANTIZATIONS`.
         images: for `int8`, the calibration sample (uint8 `[n, H, W(, C)]`,
             e.g. a few hundred training images; never test images).
