@@ -104,6 +104,20 @@ def test_matmul_convolution_values_and_gradients_match_float64(size, kernel_size
 
     got = run(lambda x, w: _valid_conv_as_matmul(x, w, strides), inputs, kernel)
     want = run(lambda x, w: tf.nn.conv2d(x, w, strides, "VALID"), inputs64, kernel64)
+    # The gradients again from the definition in NumPy float64 (the layer's
+    # input gradient is TensorFlow's own backward-data convolution, so
+    # tf.nn.conv2d's gradient alone would not be an independent reference).
+    x64, w64 = inputs64.numpy(), kernel64.numpy()
+    input_grad = np.zeros_like(x64)
+    kernel_grad = np.zeros_like(w64)
+    for i in range(out_size):
+        for j in range(out_size):
+            rows = slice(strides * i, strides * i + kernel_size)
+            cols = slice(strides * j, strides * j + kernel_size)
+            input_grad[:, rows, cols, :] += np.einsum("bf,pqcf->bpqc", upstream[:, i, j], w64)
+            kernel_grad += np.einsum("bpqc,bf->pqcf", x64[:, rows, cols, :], upstream[:, i, j])
+    np.testing.assert_allclose(want[1], input_grad, atol=1e-10)
+    np.testing.assert_allclose(want[2], kernel_grad, atol=1e-10)
     # bfloat16 keeps 8 significant bits: errors of a few 1e-3 of the scale.
     tolerance = 1e-12 if dtype == "float64" else 2e-2
     for g, w in zip(got, want):

@@ -53,27 +53,66 @@ def _valid_conv_as_matmul(inputs, kernel, strides):
 
     The patches `[batch * out_h * out_w, k * k * channels]` are gathered with
     one `tf.gather` over the flattened positions and multiplied by the kernel
-    `[k * k * channels, filters]`. Its gradients are two matmuls of the same
-    size (the kernel's: patches transposed times the output gradient; the
-    patches': output gradient times the kernel transposed) and the gather's
-    segment sum. oneDNN runs these matrix shapes close to its peak matmul
-    rate, well above its strided convolution kernels on CPUs, most of all
-    their stride-2 backward passes; the PrimaryCaps convolution (9x9, stride
-    2, 256 to 256 channels) holds almost all of CapsNet's FLOPs, and with 36
-    output positions its patches are small enough to materialise. The
-    benchmark (`experiments/benchmark.py --sections=train`) measures it
-    against `tf.nn.conv2d`.
+    `[k * k * channels, filters]`. oneDNN runs these matrix shapes close to its
+    peak matmul rate, well above its strided convolution kernels on CPUs; the
+    PrimaryCaps convolution (9x9, stride 2, 256 to 256 channels) holds almost
+    all of CapsNet's FLOPs, and with 36 output positions its patches are small
+    enough to materialise.
+
+    Gradients: the kernel's is one matmul of the patches (transposed) and the
+    output gradient. The input's, by autodiff, is a matmul into patch
+    gradients as large as the patches, scattered back by the gather's
+    transpose and segment sum (a serial loop). In bfloat16, oneDNN's own
+    backward-data convolution (`Conv2DBackpropInput`) is faster than that
+    matmul and scatter, so `_bfloat16_conv_as_matmul` writes the gradient by
+    hand with it; in float32 that convolution is the slower of the two and
+    autodiff stays. `experiments/benchmark.py --sections=train` measures the
+    layer; docs/performance.md has the comparison.
     """
+    if inputs.dtype == tf.bfloat16:
+        return _bfloat16_conv_as_matmul(inputs, kernel, strides)
+    patches, out_h, out_w = _patches(inputs, kernel.shape[0], strides)
+    filters = kernel.shape[3]
+    outputs = tf.matmul(patches, tf.reshape(kernel, (-1, filters)))
+    return tf.reshape(outputs, (-1, out_h, out_w, filters))
+
+
+def _patches(inputs, kernel_size, strides):
+    """im2col: `[batch * out_h * out_w, k * k * channels]`, out_h, out_w."""
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
-    kernel_size, filters = kernel.shape[0], kernel.shape[3]
     out_h = (height - kernel_size) // strides + 1
     out_w = (width - kernel_size) // strides + 1
-    batch = tf.shape(inputs)[0]
-    flat = tf.reshape(inputs, (batch, height * width, channels))
+    flat = tf.reshape(inputs, (-1, height * width, channels))
     patches = tf.gather(flat, _patch_indices(height, width, kernel_size, strides), axis=1)
-    patches = tf.reshape(patches, (batch * out_h * out_w, kernel_size * kernel_size * channels))
-    outputs = tf.matmul(patches, tf.reshape(kernel, (-1, filters)))
-    return tf.reshape(outputs, (batch, out_h, out_w, filters))
+    patches = tf.reshape(patches, (-1, kernel_size * kernel_size * channels))
+    return patches, out_h, out_w
+
+
+def _bfloat16_conv_as_matmul(inputs, kernel, strides):
+    """`_valid_conv_as_matmul` with the input gradient of `Conv2DBackpropInput`."""
+
+    @tf.custom_gradient
+    def conv(inputs, kernel):
+        patches, out_h, out_w = _patches(inputs, kernel.shape[0], strides)
+        filters = kernel.shape[3]
+        outputs = tf.matmul(patches, tf.reshape(kernel, (-1, filters)))
+
+        def grad(upstream):
+            kernel_grad = tf.matmul(
+                patches, tf.reshape(upstream, (-1, filters)), transpose_a=True
+            )
+            input_grad = tf.raw_ops.Conv2DBackpropInput(
+                input_sizes=tf.shape(inputs),
+                filter=kernel,
+                out_backprop=upstream,
+                strides=[1, strides, strides, 1],
+                padding="VALID",
+            )
+            return input_grad, tf.reshape(kernel_grad, tf.shape(kernel))
+
+        return tf.reshape(outputs, (-1, out_h, out_w, filters)), grad
+
+    return conv(inputs, kernel)
 
 
 @keras.saving.register_keras_serializable(package="capsnet_tf")
