@@ -1,0 +1,339 @@
+"""The model behind the explorer: classify, decode a capsule, routing couplings.
+
+`load_explorer_model` opens an exported SavedModel (`experiments/export.py`)
+or a training work directory and checks that it is an MNIST CapsNet: 28x28x1
+inputs, 10 class capsules and a decoder. Both give the same three operations:
+
+- `classify(image)`: capsule lengths, the winning class, all class capsules
+  and the reconstruction from the winner (the export's `serving_float`);
+- `decode(capsule, class_id)`: the decoder's drawing of one class capsule,
+  every other capsule zeroed (the export's `decode` signature: no
+  convolutions, no routing, which is why a slider can redraw at once);
+- `couplings(image)`: the routing coefficients `c_ij` of every iteration,
+  averaged over the primary capsule types of each position of the primary
+  grid (6x6 for MNIST).
+
+A SavedModel has no signature that returns couplings, so for an export the
+three layers before the routing (`conv1`, `primary_capsules`,
+`class_capsules`) are rebuilt in Keras from the model configuration that
+`experiments/export.py` records in `assets/capsnet_metadata.json`, and their
+weights are copied from the SavedModel's variables by name. The rebuilt model
+must give the SavedModel's capsule lengths on a probe image, or the couplings
+are switched off with a reason (`couplings_note`) rather than drawn wrong.
+"""
+
+import os
+
+import numpy as np
+
+__all__ = [
+    "ExplorerModel",
+    "ModelError",
+    "load_explorer_model",
+    "resolve_model_dir",
+]
+
+IMAGE_SHAPE = (28, 28, 1)
+NUM_CLASSES = 10
+# Layers whose weights the routing needs; their names are fixed by `CapsNet`.
+_ROUTING_LAYERS = ("conv1", "primary_capsules", "class_capsules")
+# Largest difference of capsule lengths accepted between the rebuilt Keras
+# layers and the SavedModel (float32 round-off is ~1e-7).
+_REBUILD_TOLERANCE = 1e-4
+
+
+class ModelError(ValueError):
+    """A model that the explorer cannot show; the message says why and what to do."""
+
+
+def resolve_model_dir(path):
+    """`path` if it is a SavedModel, else its highest numbered version.
+
+    The same rule as `experiments/predict.py --model`: a version directory
+    (`<export_dir>/1`) or the export directory itself.
+
+    Raises:
+        ModelError: neither.
+    """
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    versions = []
+    if os.path.isdir(path):
+        versions = [
+            int(name)
+            for name in os.listdir(path)
+            if name.isdigit() and os.path.exists(os.path.join(path, name, "saved_model.pb"))
+        ]
+    if not versions:
+        raise ModelError(
+            f"--model={path} is neither a SavedModel directory (with saved_model.pb) nor "
+            "an export directory holding numbered versions; export one with "
+            "experiments/export.py, or pass a training run with --workdir."
+        )
+    return os.path.join(path, str(max(versions)))
+
+
+def _check_mnist(where, image_shape, num_classes, dataset=None, class_names=None):
+    """Refuses what is not an MNIST CapsNet, naming what it is instead."""
+    problems = []
+    if tuple(image_shape) != IMAGE_SHAPE:
+        problems.append(
+            "its input is " + "x".join(str(size) for size in image_shape) + ", not 28x28x1"
+        )
+    if num_classes != NUM_CLASSES:
+        problems.append(f"it has {num_classes} classes, not 10")
+    if dataset is not None and dataset != "mnist":
+        problems.append(f"it was trained on {dataset}")
+    elif dataset is None and class_names and list(class_names) != [str(d) for d in range(10)]:
+        problems.append(f"its classes are {', '.join(class_names[:4])}, ..., not the digits 0-9")
+    if problems:
+        raise ModelError(
+            f"{where} is not an MNIST CapsNet: {'; '.join(problems)}. The explorer draws "
+            "digits for a CapsNet trained on MNIST (experiments/mnist.py --flagfile="
+            "mnist.flags, then experiments/export.py)."
+        )
+
+
+def _aggregate_couplings(routing):
+    """`[iterations, rows, columns, classes]`: couplings averaged over capsule types.
+
+    Each primary capsule type's coupling is weighted by that capsule's
+    length, the probability that its entity is present: an inactive capsule's
+    vote hardly moves the class capsules, whatever its coupling.
+    """
+    couplings = routing["couplings"]  # [iterations, types, rows, columns, classes]
+    weights = routing["primary_lengths"][None, :, :, :, None]
+    total = np.maximum(weights.sum(axis=1), 1e-12)
+    return (couplings * weights).sum(axis=1) / total
+
+
+class ExplorerModel:
+    """An MNIST CapsNet as the explorer uses it (see the module docstring).
+
+    Build it with `load_explorer_model`, which checks the model first.
+
+    Args:
+        source: the model's path, shown on the page.
+        classify_fn: float32 images `[1, 28, 28, 1]` -> `(lengths [1, 10],
+            capsules [1, 10, dim], reconstruction [1, 28, 28, 1])`.
+        decode_fn: `(capsules [1, 10, dim] with all but one class zeroed,
+            class_ids [1])` -> reconstruction `[1, 28, 28, 1]`.
+        keras_model: a `CapsNet` holding the routing weights, or None when
+            there is none (then `couplings` returns None).
+        class_names: one name per class.
+        capsule_dim: dimension of the class capsules (16).
+        couplings_note: why there are no couplings, for the page.
+    """
+
+    def __init__(self, source, classify_fn, decode_fn, keras_model, class_names, capsule_dim,
+                 couplings_note=None):
+        self.source = source
+        self._classify_fn = classify_fn
+        self._decode_fn = decode_fn
+        self._keras_model = keras_model
+        self.class_names = list(class_names)
+        self.num_classes = len(self.class_names)
+        self.capsule_dim = int(capsule_dim)
+        self.couplings_note = couplings_note
+        self.routing_iterations = (
+            keras_model.get_layer("class_capsules").routing_iterations if keras_model else None
+        )
+
+    def classify(self, image):
+        """Lengths `[10]`, class id, capsules `[10, 16]`, reconstruction `[28, 28]`."""
+        images = np.asarray(image, "float32").reshape((1, *IMAGE_SHAPE))
+        lengths, capsules, reconstruction = self._classify_fn(images)
+        lengths = np.asarray(lengths, "float32")[0]
+        return {
+            "lengths": lengths,
+            "class_id": int(lengths.argmax()),
+            "capsules": np.asarray(capsules, "float32")[0],
+            "reconstruction": np.asarray(reconstruction, "float32")[0, :, :, 0],
+        }
+
+    def decode(self, capsule, class_id):
+        """The decoder's `[28, 28]` drawing of `capsule` `[16]` as class `class_id`."""
+        capsule = np.asarray(capsule, "float32").reshape(self.capsule_dim)
+        capsules = np.zeros((1, self.num_classes, self.capsule_dim), "float32")
+        capsules[0, int(class_id)] = capsule
+        reconstruction = self._decode_fn(capsules, np.array([class_id], "int32"))
+        return np.asarray(reconstruction, "float32")[0, :, :, 0]
+
+    def couplings(self, image):
+        """Couplings `[iterations, rows, columns, classes]` for one image, or None.
+
+        None when the model's routing layers could not be rebuilt
+        (`couplings_note` says why).
+        """
+        if self._keras_model is None:
+            return None
+        from capsnet_tf.figures.arrays import routing_couplings
+
+        image = np.asarray(image, "float32").reshape(IMAGE_SHAPE)
+        return _aggregate_couplings(routing_couplings(self._keras_model, image))
+
+
+def load_explorer_model(model_dir=None, workdir=None, checkpoint="best"):
+    """Opens an export (`model_dir`) or a training run (`workdir`) for the explorer.
+
+    Args:
+        model_dir: a SavedModel version directory or an export directory
+            (its highest version), as `experiments/predict.py --model` takes.
+        workdir: a training work directory (`experiments/mnist.py --workdir`).
+        checkpoint: `"best"` or `"latest"`, for `workdir`.
+
+    Returns:
+        An `ExplorerModel`.
+
+    Raises:
+        ModelError: neither or both given, not a model, not an MNIST CapsNet,
+            or no decoder; the message says what to do.
+    """
+    if (model_dir is None) == (workdir is None):
+        raise ModelError("Give exactly one of --model (an export) and --workdir (a training run).")
+    if workdir is not None:
+        model = _from_workdir(workdir, checkpoint)
+    else:
+        model = _from_saved_model(resolve_model_dir(model_dir))
+    # The first call of each function traces or loads kernels (~0.1 s); pay
+    # that here, not on the first slider move.
+    blank = np.zeros(IMAGE_SHAPE[:2], "float32")
+    model.classify(blank)
+    model.decode(np.zeros(model.capsule_dim, "float32"), 0)
+    model.couplings(blank)
+    return model
+
+
+def _from_workdir(workdir, checkpoint):
+    import tensorflow as tf
+
+    from capsnet_tf.workdir import load_trained_model
+
+    try:
+        model, config = load_trained_model(workdir, checkpoint=checkpoint)
+    except (FileNotFoundError, ValueError) as error:
+        raise ModelError(f"--workdir={workdir}: {error}")
+    if config.model == "baseline" or not hasattr(model, "inference_model"):
+        raise ModelError(f"--workdir={workdir} holds the baseline CNN, which has no capsules.")
+    _check_mnist(f"--workdir={workdir}", model.image_shape, model.num_classes, config.dataset)
+    if not model.reconstruction:
+        raise ModelError(
+            f"--workdir={workdir} has no decoder (reconstruction=False): nothing to redraw."
+        )
+    inference = model.inference_model()
+    decoder = model.get_layer("decoder")
+    classify = tf.function(lambda images: inference(images, training=False),
+                           reduce_retracing=True)
+    decode = tf.function(lambda capsules: decoder(capsules, training=False),
+                         reduce_retracing=True)
+
+    def classify_fn(images):
+        outputs = classify(tf.constant(images))
+        return outputs["length"], outputs["capsules"], outputs["reconstruction"]
+
+    def decode_fn(capsules, class_ids):  # the capsules are already masked
+        return decode(tf.constant(capsules))
+
+    return ExplorerModel(os.path.abspath(workdir), classify_fn, decode_fn, model,
+                         [str(digit) for digit in range(10)], model.capsule_dim)
+
+
+def _from_saved_model(path):
+    import tensorflow as tf
+
+    try:
+        loaded = tf.saved_model.load(path)
+    except (OSError, ValueError, RuntimeError, tf.errors.OpError) as error:
+        raise ModelError(f"--model={path}: cannot load the SavedModel ({error}).")
+    signatures = dict(loaded.signatures)
+    if "serving_float" not in signatures:
+        raise ModelError(
+            f"--model={path} has no 'serving_float' signature (it has {sorted(signatures)}): "
+            "not a capsnet_tf export; export one with experiments/export.py."
+        )
+    serving = signatures["serving_float"]
+    image_shape = tuple(serving.structured_input_signature[1]["images"].shape[1:])
+    capsules_spec = serving.structured_outputs.get("capsules")
+    if capsules_spec is None:
+        raise ModelError(f"--model={path} returns no capsules: not a capsnet_tf CapsNet export.")
+    num_classes, capsule_dim = (int(size) for size in capsules_spec.shape[1:])
+    metadata = _read_metadata(path)
+    source_info = metadata.get("source") or {}
+    class_names = metadata.get("class_names") or _read_labels(path)
+    _check_mnist(f"--model={path}", image_shape, num_classes, source_info.get("dataset"),
+                 class_names)
+    if "decode" not in signatures:
+        raise ModelError(
+            f"--model={path} has no 'decode' signature: the model was exported without a "
+            "decoder (reconstruction=False), so there is nothing to redraw."
+        )
+    decode = signatures["decode"]
+
+    def classify_fn(images):
+        outputs = serving(images=tf.constant(images))
+        return outputs["probabilities"], outputs["capsules"], outputs["reconstruction"]
+
+    def decode_fn(capsules, class_ids):
+        return decode(capsules=tf.constant(capsules),
+                      class_ids=tf.constant(class_ids))["reconstruction"]
+
+    keras_model, note = _routing_model(loaded, source_info.get("model_config"), classify_fn)
+    return ExplorerModel(os.path.abspath(path), classify_fn, decode_fn, keras_model,
+                         class_names or [str(digit) for digit in range(10)], capsule_dim,
+                         couplings_note=note)
+
+
+def _read_metadata(path):
+    from capsnet_tf.export import load_metadata
+
+    try:
+        return load_metadata(path)
+    except (OSError, ValueError):
+        return {}
+
+
+def _read_labels(path):
+    labels = os.path.join(path, "assets", "labels.txt")
+    if not os.path.exists(labels):
+        return None
+    with open(labels) as file:
+        return file.read().splitlines()
+
+
+def _routing_model(loaded, model_config, classify_fn):
+    """A Keras CapsNet holding the export's routing weights, or `(None, reason)`."""
+    if not model_config:
+        return None, (
+            "The export's metadata has no model configuration (source.model_config), so "
+            "the routing cannot be rebuilt; export the run again with experiments/export.py."
+        )
+    from capsnet_tf.models import CapsNet
+
+    try:
+        model = CapsNet.from_config(dict(model_config))
+        model.inference_model()  # builds every layer
+    except (TypeError, ValueError, KeyError) as error:
+        return None, f"The export's model configuration does not rebuild ({error})."
+    saved = {variable.name.split(":")[0]: variable for variable in loaded.variables}
+    for layer_name in _ROUTING_LAYERS:
+        layer = model.get_layer(layer_name)
+        for weight in layer.weights:
+            variable = saved.get(weight.path)
+            if variable is None or tuple(variable.shape) != tuple(weight.shape):
+                return None, (
+                    f"The export has no variable {weight.path} of shape {tuple(weight.shape)}; "
+                    "the routing cannot be rebuilt from it."
+                )
+            weight.assign(variable.numpy())
+    probe = np.random.default_rng(0).random((1, *IMAGE_SHAPE)).astype("float32")
+    from capsnet_tf.figures.arrays import routing_couplings
+
+    expected = np.asarray(classify_fn(probe)[0])[0]
+    rebuilt = routing_couplings(model, probe[0])["lengths"]
+    difference = float(np.max(np.abs(expected - rebuilt)))
+    if not difference <= _REBUILD_TOLERANCE:
+        return None, (
+            f"The rebuilt routing layers disagree with the export (capsule lengths differ "
+            f"by {difference:.2g}); couplings are not shown."
+        )
+    return model, None
