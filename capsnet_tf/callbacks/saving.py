@@ -25,6 +25,15 @@ from capsnet_tf.checkpoints import (
 __all__ = ["TrainingStateBackup", "WeightsCheckpoint"]
 
 
+def _of_model(metadata, model):
+    """Whether a backup's metadata belong to `model` (same weight names and shapes).
+
+    Backups written before fingerprints existed carry none and are taken.
+    """
+    fingerprint = metadata.get("fingerprint")
+    return fingerprint is None or fingerprint == weights_fingerprint(model)
+
+
 class WeightsCheckpoint(keras.callbacks.Callback):
     """Saves the model weights (no optimizer state) atomically at epoch ends.
 
@@ -215,8 +224,7 @@ class TrainingStateBackup(keras.callbacks.Callback):
                 metadata = read_checkpoint_metadata(path)
             except CheckpointError:
                 continue
-            fingerprint = metadata.get("fingerprint")
-            if fingerprint is not None and fingerprint != weights_fingerprint(model):
+            if not _of_model(metadata, model):
                 return 0
             return int(metadata.get("global_step", 0))
         return 0
@@ -237,8 +245,7 @@ class TrainingStateBackup(keras.callbacks.Callback):
         for path, keras_metadata in self._candidates():
             try:
                 metadata = read_checkpoint_metadata(path)
-                fingerprint = metadata.get("fingerprint")
-                if fingerprint is not None and fingerprint != weights_fingerprint(self.model):
+                if not _of_model(metadata, self.model):
                     logging.warning(
                         "The training backup in %s is of a different model (the work "
                         "directory was overwritten); deleting it and starting afresh.",
@@ -353,15 +360,19 @@ class TrainingStateBackup(keras.callbacks.Callback):
             self._stop_after = self.steps_per_epoch - self._offset
         self._stopped_epoch = False
 
+    def _completes_resumed_epoch(self, batch):
+        """Whether `batch` completes an epoch resumed in its middle."""
+        return self._stop_after is not None and batch + 1 >= self._stop_after
+
     def on_train_batch_end(self, batch, logs=None):
         self._step = self._offset + batch + 1
-        if self._stop_after is not None and batch + 1 >= self._stop_after:
+        if self._completes_resumed_epoch(batch):
             # The steps done before the interruption complete this epoch.
             if not self.model.stop_training:
                 self._stopped_epoch = True
                 self.model.stop_training = True
             return
-        if self.steps_per_epoch and self._step >= self.steps_per_epoch:
+        if self.epoch_end_follows(batch):
             return  # the epoch-end backup follows
         if self.save_every_steps:
             global_step = _iterations(self.model)
@@ -370,7 +381,7 @@ class TrainingStateBackup(keras.callbacks.Callback):
 
     def epoch_end_follows(self, batch):
         """Whether `fit`'s `batch` (just finished) is the last training step of its epoch."""
-        if self._stop_after is not None and batch + 1 >= self._stop_after:
+        if self._completes_resumed_epoch(batch):
             return True
         return bool(self.steps_per_epoch) and self._offset + batch + 1 >= self.steps_per_epoch
 
@@ -380,7 +391,7 @@ class TrainingStateBackup(keras.callbacks.Callback):
         For a stop between two steps (`GracefulStop`): the resumed run
         continues with the next step of this epoch.
         """
-        self._save(self._epoch, self._offset + batch + 1, batch)
+        self._save(self._epoch, self.step_in_epoch(self._epoch, batch), batch)
         return self.last_saved
 
     def on_epoch_end(self, epoch, logs=None):
