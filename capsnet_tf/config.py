@@ -16,13 +16,17 @@ So adding an option touches one place. Field names are those of the saved
 
 import dataclasses
 import json
+import re
 
-from capsnet_tf.data.registry import DATASETS
+from capsnet_tf.data.images import parse_image_size
+from capsnet_tf.data.registry import DATASETS, IMAGE_FOLDER
 
 __all__ = ["MODEL_FIELDS", "ExperimentConfig", "describe_options", "option"]
 
 # The data sets a run can train on (affNIST is a test set of expanded_mnist runs).
 TRAINABLE_DATASETS = tuple(name for name in DATASETS if name != "affnist")
+# A TFDS name, optionally with a config and a version: "eurosat/rgb:2.0.0".
+_TFDS_NAME = re.compile(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.-]+)?(:[0-9.*]+)?")
 
 
 def option(default, help, *, choices=None, lower=None, upper=None, flag=None, kind=None):
@@ -61,8 +65,37 @@ class ExperimentConfig:
         "mnist",
         "Data set: TFDS mnist / fashion_mnist / cifar10 / smallnorb, or generated from "
         "MNIST: multi_mnist (two overlapping digits, 36x36), expanded_mnist (40x40, "
-        "shifted; also evaluated on an affNIST-style test set).",
-        choices=TRAINABLE_DATASETS,
+        "shifted; also evaluated on an affNIST-style test set); or the name of any other "
+        "prepared TFDS image-classification data set (an image and a label feature, e.g. "
+        "kmnist, cifar100, tf_flowers with --image_size). --image_folder replaces it.",
+        kind="string",
+    )
+    image_folder: str | None = option(
+        None,
+        "Train on your own images instead of --dataset: a folder with one sub-folder of "
+        "JPEG/PNG/BMP/GIF files per class (class names = sub-folder names), or with train/ "
+        "and test/ folders of that layout. Without them --test_fraction of each class is "
+        "held out as the test set (seeded by --seed). Image size, channels and classes "
+        "come from the files.",
+        kind="string",
+    )
+    image_size: tuple | None = option(
+        None,
+        "Resize every image to this size: one number (square) or height,width, e.g. 64 or "
+        "96,128. Default: the images' own size (--image_folder: all must share it).",
+        kind="list",
+    )
+    horizontal_flip: bool = option(
+        False,
+        "--image_folder and other TFDS data sets: mirror training images left-right at "
+        "random (for photographs; not for digits or text).",
+    )
+    test_fraction: float = option(
+        0.2,
+        "--image_folder without train/ and test/ folders: the share of each class's images "
+        "held out as the test set.",
+        lower=0.01,
+        upper=0.9,
     )
     data_dir: str | None = option(
         None, "TFDS data directory (default: $TFDS_DATA_DIR or ~/tensorflow_datasets).",
@@ -137,6 +170,21 @@ class ExperimentConfig:
         "Margin loss over classes: 'sum' (paper) or 'official' (0.5 x mean).",
         choices=("sum", "official"),
     )
+    stem_layers: int = option(
+        0,
+        "Larger images: 3x3 stride-2 ReLU convolutions before conv1 (0: the paper's model). "
+        "Each halves the PrimaryCaps grid, so divides the primary capsules, the votes, the "
+        "routing memory and the class-capsule weights by about 4.",
+        lower=0,
+        upper=4,
+    )
+    stem_filters: int = option(32, "Filters of each --stem_layers convolution.", lower=1)
+    primary_strides: int = option(
+        2,
+        "Stride of the PrimaryCaps convolution (paper: 2). 3 or 4 give ~2.3x or ~4x fewer "
+        "primary capsules, votes and routing memory on large images.",
+        lower=1,
+    )
     official_primary_scaling: bool = option(
         False, "Divide PrimaryCaps pre-activations by the number of types."
     )
@@ -191,10 +239,37 @@ class ExperimentConfig:
         kind="string",
     )
 
+    def __post_init__(self):
+        # --image_folder replaces --dataset (a flagfile's --dataset=mnist included).
+        if self.image_folder:
+            self.dataset = IMAGE_FOLDER
+        if self.image_size is not None:
+            values = (self.image_size,) if isinstance(self.image_size, (int, str)) else (
+                self.image_size
+            )
+            try:
+                self.image_size = tuple(int(value) for value in values)
+            except (TypeError, ValueError):
+                self.image_size = tuple(values)  # validate() names it
+
     def validate(self):
         """Raises `ValueError` naming the first invalid field."""
         for field in dataclasses.fields(self):
             _check_field(field, getattr(self, field.name))
+        if self.dataset == IMAGE_FOLDER and not self.image_folder:
+            raise ValueError("`dataset='image_folder'` needs --image_folder=PATH.")
+        if self.dataset not in DATASETS and not _TFDS_NAME.fullmatch(self.dataset or ""):
+            raise ValueError(
+                f"`dataset` must be one of {', '.join(TRAINABLE_DATASETS)} or a TFDS data set "
+                f"name such as kmnist or eurosat/rgb. Received: dataset={self.dataset!r}"
+            )
+        if self.dataset == "affnist":
+            raise ValueError(
+                "`dataset='affnist'` is a test set only: train on expanded_mnist, which is "
+                "evaluated on affNIST as well."
+            )
+        if self.image_size is not None:
+            parse_image_size(self.image_size)
         if not self.learning_rate > 0:
             raise ValueError(f"`learning_rate` must be > 0. Received: {self.learning_rate}")
         if self.warmup_epochs >= self.epochs:
@@ -258,6 +333,11 @@ MODEL_FIELDS = (
     "initializer",
     "padding",
     "primary_capsule_types",
+    "image_folder",
+    "image_size",
+    "stem_layers",
+    "stem_filters",
+    "primary_strides",
 )
 
 

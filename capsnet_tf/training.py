@@ -42,6 +42,7 @@ from capsnet_tf.distribute import (
     worker_workdir,
 )
 from capsnet_tf.losses import MarginLoss, ReconstructionLoss
+from capsnet_tf.memory import check_run_memory
 from capsnet_tf.models.capsnet import CapsNet
 from capsnet_tf.runlock import lock_workdir
 from capsnet_tf.schedules import make_schedule
@@ -52,6 +53,7 @@ from capsnet_tf.workdir import (
     last_logged,
     load_trained_model,
     read_run_files,
+    write_class_names,
 )
 
 __all__ = [
@@ -90,6 +92,9 @@ def build_model(config, image_shape, num_classes, num_targets=1):
         num_classes=num_classes,
         padding=config.padding,
         primary_capsule_types=config.primary_capsule_types,
+        stem_layers=config.stem_layers,
+        stem_filters=config.stem_filters,
+        primary_strides=config.primary_strides,
         routing_iterations=config.routing_iterations,
         leaky_routing=config.leaky_routing,
         reconstruction=config.reconstruction,
@@ -233,7 +238,18 @@ def _load_split(config, split, name=None, reconstruction=None):
         take=take,
         test_pairs_per_image=config.test_pairs_per_image,
         affnist_path=config.affnist_path,
+        **image_source(config),
     )
+
+
+def image_source(config):
+    """The `load_experiment_data` arguments of a run on a folder or another TFDS set."""
+    return {
+        "image_folder": config.image_folder,
+        "image_size": config.image_size,
+        "test_fraction": config.test_fraction,
+        "horizontal_flip": config.horizontal_flip,
+    }
 
 
 def _baseline_targets(dataset):
@@ -305,6 +321,7 @@ def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=F
             seed=config.seed,
             test_pairs_per_image=config.test_pairs_per_image,
             shift=config.shift,
+            **image_source(config),
         )
         callbacks.append(
             ReconstructionImages(
@@ -325,7 +342,11 @@ def train_and_evaluate(config, workdir, overwrite=False, start_time=None):
 
     The model is CapsNet or the baseline CNN (`config.model`), the data any
     of `capsnet_tf.data.registry.DATASETS` but affNIST, which expanded-MNIST
-    runs are evaluated on as well (`affnist_accuracy`).
+    runs are evaluated on as well (`affnist_accuracy`), a folder of images
+    (`config.image_folder`) or another TFDS image data set. Before the model
+    is built the peak memory of a training step is estimated and logged
+    (`capsnet_tf.memory`); the class names, when the data have them, are
+    written to `workdir/labels.txt`.
 
     Args:
         config: an `ExperimentConfig`.
@@ -345,6 +366,11 @@ def train_and_evaluate(config, workdir, overwrite=False, start_time=None):
         ValueError: invalid configuration.
         IncompatibleWorkdirError: `workdir` holds a different model.
         capsnet_tf.data.DatasetNotFoundError: the data set is missing.
+        capsnet_tf.data.folder.ImageFolderError: the image folder cannot be
+            trained on (missing, one class, an empty class, a file that is
+            not an image, images of different sizes).
+        capsnet_tf.memory.InsufficientMemoryError: a training step would
+            need more memory than is available; nothing was written.
         capsnet_tf.callbacks.TrainingDivergedError: the loss became NaN or
             infinite; the message names the step. Checkpoints and backup
             hold the last good state.
@@ -380,8 +406,13 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
     if validation_data is not None:
         validation_data = shard_by_data(validation_data)
     extra_evaluations = {name: shard_by_data(data) for name, data in extra_evaluations.items()}
+    # Before anything is written or built: a step that cannot fit stops here.
+    test_examples = int(test_data.cardinality()) * config.batch_size
+    check_run_memory(config, spec, max(test_examples, 0))
     with open(os.path.join(workdir, "config.json"), "w") as file:
         file.write(config.to_json())
+    if spec.class_names:
+        write_class_names(workdir, spec.class_names)
 
     with strategy.scope():
         model = build_model(config, spec.image_shape, spec.num_classes, spec.num_targets)

@@ -6,6 +6,9 @@ export and prediction read it through `read_run_files` and
 
 - `config.json`: the resolved `ExperimentConfig`;
 - `model.json`: the `CapsNet` configuration (`CapsNet.from_config`);
+- `labels.txt`: the class names, one a line in label order, when the data
+  set has them (an image folder's sub-folder names, TFDS label names), read
+  back by `read_class_names` for the export's `labels.txt` and the figures;
 - `checkpoints/latest.weights.h5` (every epoch) and
   `checkpoints/best.weights.h5` (best validation accuracy so far; the test
   set is the validation data of the official runs): model weights only,
@@ -36,8 +39,12 @@ __all__ = [
     "logged_values",
     "check_workdir",
     "load_trained_model",
+    "read_class_names",
     "read_run_files",
+    "write_class_names",
 ]
+
+LABELS_FILE = "labels.txt"
 
 
 class IncompatibleWorkdirError(ValueError):
@@ -48,6 +55,7 @@ class IncompatibleWorkdirError(ValueError):
 _RUN_FILES = (
     "config.json",
     "model.json",
+    "labels.txt",
     "results.json",
     "training_log.csv",
     "time_to_target.json",
@@ -92,11 +100,13 @@ def check_workdir(workdir, config, overwrite):
             f"{path} exists but cannot be read ({error}); choose another --workdir "
             "or pass --overwrite to start afresh."
         ) from None
-    current = dataclasses.asdict(config)
+    # As saved (tuples become lists); a field newer than the saved run has its default.
+    current = json.loads(config.to_json())
+    defaults = json.loads(ExperimentConfig().to_json())
     differences = [
-        f"{name}: saved {saved.get(name)!r}, requested {current[name]!r}"
+        f"{name}: saved {saved.get(name, defaults[name])!r}, requested {current[name]!r}"
         for name in MODEL_FIELDS
-        if saved.get(name) != current[name]
+        if saved.get(name, defaults[name]) != current[name]
     ]
     if differences:
         raise IncompatibleWorkdirError(
@@ -202,3 +212,33 @@ def load_trained_model(workdir, checkpoint="best"):
             f"(checkpoint='{other}', --checkpoint={other}) or train again."
         ) from None
     return model, config
+
+
+def write_class_names(workdir, class_names):
+    """Writes `labels.txt`: one class name a line, in label order.
+
+    Raises:
+        ValueError: a name holds a newline (it could not be read back).
+    """
+    names = [str(name) for name in class_names]
+    if any("\n" in name or "\r" in name for name in names):
+        raise ValueError(f"Class names must not hold newlines. Received: {names!r}")
+    path = os.path.join(workdir, LABELS_FILE)
+    with open(path + ".tmp", "w") as file:
+        file.write("\n".join(names) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def read_class_names(workdir, num_classes=None):
+    """The class names of a run (`labels.txt`), or None without that file.
+
+    With `num_classes`, a file holding another number of names counts as absent.
+    """
+    path = os.path.join(workdir, LABELS_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as file:
+        names = file.read().splitlines()
+    if num_classes is not None and len(names) != num_classes:
+        return None
+    return names

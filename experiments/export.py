@@ -78,7 +78,7 @@ def main(argv):
         check_export_target,
         export_saved_model,
     )
-    from capsnet_tf.workdir import load_trained_model
+    from capsnet_tf.workdir import load_trained_model, read_class_names
 
     if _QUANTIZE.value or _ONNX.value:
         from capsnet_tf.deploy import check_export_extra
@@ -97,7 +97,10 @@ def main(argv):
         model, config = load_trained_model(_WORKDIR.value, checkpoint=_CHECKPOINT.value)
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
-    class_names = DATASET_CLASS_NAMES.get(config.dataset)
+    # The run's own labels.txt (an image folder's class names), else the data set's.
+    class_names = read_class_names(_WORKDIR.value, model.num_classes)
+    if class_names is None:
+        class_names = DATASET_CLASS_NAMES.get(config.dataset)
     if class_names is not None and len(class_names) != model.num_classes:
         class_names = None
     source = {

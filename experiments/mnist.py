@@ -5,6 +5,16 @@ Usage, from the repository root or from `experiments/`:
     python experiments/mnist.py --flagfile=mnist.flags
     python experiments/mnist.py --flagfile=mnist.flags --epochs=1 --workdir=/tmp/capsnet
 
+Your own images, a folder with one sub-folder per class (`--image_folder`
+replaces the flagfile's `--dataset`), or any prepared TFDS image data set:
+
+    python experiments/mnist.py --flagfile=mnist.flags --image_folder=PATH --workdir=W
+    python experiments/mnist.py --flagfile=mnist.flags --dataset=kmnist --workdir=W
+
+Before the model is built the estimated peak memory of a training step is
+logged; a configuration that cannot fit stops with what it needs, what there
+is, and the options that bring it down (`capsnet_tf.memory`).
+
 A `--flagfile` path that does not exist relative to the current directory is
 looked up next to this script, so `--flagfile=mnist.flags` works from both
 places. Flags after the flagfile override it. The work directory receives
@@ -149,8 +159,9 @@ def configuration_summary(config, workdir):
         for field in dataclasses.fields(config)
         if getattr(config, field.name) != getattr(defaults, field.name)
     ]
+    data = f"the images of {config.image_folder}" if config.image_folder else config.dataset
     return (
-        f"Training {config.model} on {config.dataset} for {config.epochs} epoch(s) in {workdir}\n"
+        f"Training {config.model} on {data} for {config.epochs} epoch(s) in {workdir}\n"
         f"  options changed from the defaults: {', '.join(changed) or 'none'}\n"
         f"  (all options: {os.path.join(workdir, 'config.json')})"
     )

@@ -11,8 +11,12 @@ where the probability is the length of the predicted class's capsule. With
 `--reconstruction_dir` the decoder's reconstruction of every image is written
 there as a PNG (`<file stem>_reconstruction.png`).
 
-Inputs: PNG (or any image PIL reads) of exactly the model's size, 28x28 for
-MNIST; colour images are converted to grayscale (ITU-R 601-2 luma). `.npy`
+Inputs: PNG, JPEG (or any image PIL reads) of exactly the model's size, 28x28
+for MNIST, or of any size with `--resize` (as a run with `--image_size`
+resized its training images); colour images are converted to grayscale
+(ITU-R 601-2 luma) for a grayscale model, grayscale ones to RGB for a colour
+model. The class names printed are the export's `assets/labels.txt`: an
+image folder's sub-folder names for a run on `--image_folder`. `.npy`
 arrays of shape `[28, 28]`, `[28, 28, 1]` (one image) or `[N, 28, 28]`,
 `[N, 28, 28, 1]` (N images, printed as `file[i]`), uint8 in [0, 255] or
 float in [0, 1]. MNIST digits are white on black.
@@ -33,6 +37,10 @@ _MODEL = flags.DEFINE_string(
 )
 _RECONSTRUCTION_DIR = flags.DEFINE_string(
     "reconstruction_dir", None, "Write each image's reconstruction there as a PNG."
+)
+_RESIZE = flags.DEFINE_bool(
+    "resize", False, "Resize images of another size to the model's (bilinear), as "
+    "--image_size did for the training images; .npy arrays must still fit.",
 )
 _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size", 256, "Images per call of the model.", lower_bound=1
@@ -77,8 +85,10 @@ def _expected(image_shape):
     )
 
 
-def load_images(path, image_shape):
-    """Reads one PNG or `.npy` file.
+def load_images(path, image_shape, resize=False):
+    """Reads one image file (PNG, JPEG, ...) or `.npy` file.
+
+    `resize`: an image of another size is resized to `image_shape` (bilinear).
 
     Returns:
         `(images, batched)`: float32 images `[n, H, W, C]` in [0, 1], and
@@ -125,9 +135,14 @@ def load_images(path, image_shape):
         with Image.open(path) as image:
             image.load()
             size, mode = image.size, image.mode
-            if size != (width, height):
+            if size != (width, height) and resize:
+                image = image.convert("L" if channels == 1 else "RGB").resize(
+                    (width, height), Image.Resampling.BILINEAR
+                )
+            elif size != (width, height):
                 raise InputError(
-                    f"{path}: image is {size[0]}x{size[1]} ({mode}); {_expected(image_shape)}"
+                    f"{path}: image is {size[0]}x{size[1]} ({mode}); {_expected(image_shape)} "
+                    "(or pass --resize)"
                 )
             image = image.convert("L" if channels == 1 else "RGB")
             array = np.asarray(image, dtype=np.uint8)
@@ -150,7 +165,7 @@ def write_png(path, image):
 def main(argv):
     paths = argv[1:]
     if not paths:
-        raise app.UsageError("Give one or more image files (PNG or .npy) to classify.")
+        raise app.UsageError("Give one or more image files (PNG, JPEG or .npy) to classify.")
     import numpy as np
     import tensorflow as tf
 
@@ -170,7 +185,7 @@ def main(argv):
     names, batches = [], []
     try:
         for path in paths:
-            images, batched = load_images(path, image_shape)
+            images, batched = load_images(path, image_shape, _RESIZE.value)
             batches.append(images)
             if batched:
                 names += [f"{path}[{index}]" for index in range(len(images))]

@@ -1,4 +1,4 @@
-"""Input pipelines: TFDS loading with clear errors, MNIST-style augmentation."""
+"""Input pipelines: TFDS loading with clear errors, MNIST-style augmentation, your images."""
 
 from capsnet_tf.data.affnist import (
     affine_transform,
@@ -8,6 +8,7 @@ from capsnet_tf.data.affnist import (
     warp_digit,
 )
 from capsnet_tf.data.cifar10 import make_cifar10_dataset, preprocess_cifar10
+from capsnet_tf.data.folder import ImageFolderError, make_image_folder_dataset, scan_image_folder
 from capsnet_tf.data.multimnist import (
     load_mnist_arrays,
     make_multimnist_dataset,
@@ -26,9 +27,11 @@ from capsnet_tf.data.smallnorb import (
     make_smallnorb_dataset,
     preprocess_smallnorb,
 )
+from capsnet_tf.data.tfds_images import make_tfds_image_dataset
 
 __all__ = [
     "DatasetNotFoundError",
+    "ImageFolderError",
     "affine_transform",
     "load_affnist",
     "load_mnist_arrays",
@@ -38,13 +41,16 @@ __all__ = [
     "make_cifar10_dataset",
     "make_dataset",
     "make_expanded_mnist_dataset",
+    "make_image_folder_dataset",
     "make_multimnist_dataset",
     "make_smallnorb_dataset",
+    "make_tfds_image_dataset",
     "merge_digits",
     "place_digit",
     "preprocess_cifar10",
     "preprocess_smallnorb",
     "random_shift",
     "resolve_data_dir",
+    "scan_image_folder",
     "warp_digit",
 ]

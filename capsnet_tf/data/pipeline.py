@@ -35,7 +35,7 @@ def resolve_data_dir(data_dir=None):
     return os.path.expanduser(os.path.join("~", "tensorflow_datasets"))
 
 
-def load_tfds_split(name, split, data_dir=None):
+def load_tfds_split(name, split, data_dir=None, features=None):
     """Loads `(image uint8 [H, W, C], label int64)` pairs of a prepared split.
 
     Args:
@@ -43,6 +43,9 @@ def load_tfds_split(name, split, data_dir=None):
             given as `"mnist:3.0.1"`).
         split: TFDS split, e.g. `"train"`, `"test"`, `"train[:10%]"`.
         data_dir: TFDS data directory; see `resolve_data_dir`.
+        features: names of the features to return as a tuple, e.g.
+            `("image", "label")`, instead of the data set's supervised keys
+            (which not every data set defines).
 
     Returns:
         `(dataset, info)`: an unshuffled `tf.data.Dataset` and the
@@ -63,7 +66,7 @@ def load_tfds_split(name, split, data_dir=None):
             name,
             split=split,
             data_dir=data_dir,
-            as_supervised=True,
+            as_supervised=features is None,
             with_info=True,
             download=False,
             shuffle_files=False,
@@ -82,6 +85,12 @@ def load_tfds_split(name, split, data_dir=None):
             "TFDS at an existing copy with `export TFDS_DATA_DIR=/path/to/tensorflow_datasets` "
             f"(or the --data_dir flag). TFDS said, loading split {split!r}: {reason}"
         ) from None
+    if features is not None:
+        dataset = dataset.map(
+            lambda example: tuple(example[key] for key in features),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
     return dataset, info
 
 

@@ -12,11 +12,18 @@ does not need to know where the examples come from:
 | `affnist` | `make_affnist_dataset` (test only: generated, or the real files) | 40x40x1 | 10 | 1 |
 | `cifar10` | `make_cifar10_dataset` (TFDS, official preprocessing) | 24x24x3 | 10 | 1 |
 | `smallnorb` | `make_smallnorb_dataset` (TFDS, official preprocessing) | 32x32x2 | 5 | 1 |
+| `image_folder` | `make_image_folder_dataset` (your images) | from the files | folders | 1 |
+| other TFDS names | `make_tfds_image_dataset` (`image`, `label`) | from TFDS | from TFDS | 1 |
 """
+
+import functools
 
 from capsnet_tf.data.spec import DatasetSpec
 
-__all__ = ["DATASETS", "load_experiment_data"]
+__all__ = ["DATASETS", "IMAGE_FOLDER", "load_experiment_data", "scan_folder"]
+
+# The `dataset` of a run on `image_folder`.
+IMAGE_FOLDER = "image_folder"
 
 DATASETS = (
     "mnist",
@@ -41,11 +48,16 @@ def load_experiment_data(
     take=None,
     test_pairs_per_image=1,
     affnist_path=None,
+    image_folder=None,
+    image_size=None,
+    test_fraction=0.2,
+    horizontal_flip=False,
 ):
     """The `tf.data` pipeline and `DatasetSpec` of one split of a data set.
 
     Args:
-        name: one of `DATASETS`.
+        name: one of `DATASETS`, `IMAGE_FOLDER` (the folder `image_folder`)
+            or the name of any prepared TFDS image-classification data set.
         split: `"train"` or `"test"` (`affnist` has only `"test"`).
         batch_size: examples per batch.
         training: shuffle and augment.
@@ -61,6 +73,13 @@ def load_experiment_data(
         take: keep only the first `take` examples.
         test_pairs_per_image: `multi_mnist` test pairs per MNIST test image.
         affnist_path: real affNIST data for `affnist` (None: generated).
+        image_folder: the folder of an `IMAGE_FOLDER` run.
+        image_size: `IMAGE_FOLDER` and other TFDS sets: resize to this size
+            (see `capsnet_tf.data.images.parse_image_size`).
+        test_fraction: `IMAGE_FOLDER` without `train/` and `test/`: the
+            share of each class held out as the test set.
+        horizontal_flip: `IMAGE_FOLDER` and other TFDS sets: random
+            horizontal flips in training.
 
     Returns:
         `(dataset, spec)`.
@@ -68,9 +87,27 @@ def load_experiment_data(
     Raises:
         ValueError: unknown `name` or split.
         capsnet_tf.data.DatasetNotFoundError: the source data are missing.
+        capsnet_tf.data.folder.ImageFolderError: `image_folder` cannot be
+            trained on (one line says why).
     """
+    augment = {"shift": (shift or 0) if training else 0, "horizontal_flip": horizontal_flip}
+    if name == IMAGE_FOLDER:
+        from capsnet_tf.data.folder import make_image_folder_dataset
+
+        if not image_folder:
+            raise ValueError("`dataset='image_folder'` needs `image_folder` (--image_folder).")
+        folder = scan_folder(image_folder, image_size, test_fraction, seed)
+        return make_image_folder_dataset(
+            folder, split, batch_size, training, seed=seed, reconstruction=reconstruction,
+            take=take, **augment,
+        )
     if name not in DATASETS:
-        raise ValueError(f"Unknown data set {name!r}; choose one of {', '.join(DATASETS)}.")
+        from capsnet_tf.data.tfds_images import make_tfds_image_dataset
+
+        return make_tfds_image_dataset(
+            name, split, batch_size, training, seed=seed, data_dir=data_dir,
+            reconstruction=reconstruction, take=take, image_size=image_size, **augment,
+        )
     if name in ("mnist", "fashion_mnist"):
         from capsnet_tf.data.pipeline import make_dataset
 
@@ -159,3 +196,35 @@ def load_experiment_data(
         reconstruction=reconstruction,
         take=take,
     )
+
+
+def scan_folder(path, image_size=None, test_fraction=0.2, seed=0):
+    """`capsnet_tf.data.folder.scan_image_folder`, once per process and arguments.
+
+    A run reads the folder for its training split, its test split and its
+    sample images; the headers are read once.
+    """
+    size = None if image_size is None else tuple(str(value) for value in (
+        [image_size] if isinstance(image_size, (int, str)) else image_size
+    ))
+    return _scan(path, size, float(test_fraction), int(seed))
+
+
+@functools.lru_cache(maxsize=8)
+def _scan(path, image_size, test_fraction, seed):
+    from absl import logging
+
+    from capsnet_tf.data.folder import scan_image_folder
+
+    folder = scan_image_folder(path, image_size, test_fraction, seed)
+    train, test = (len(folder.splits[split][0]) for split in ("train", "test"))
+    logging.info(
+        "Image folder %s: %d classes (%s), %dx%dx%d images, %d train / %d test (%s).",
+        path, len(folder.class_names), ", ".join(folder.class_names), *folder.image_shape,
+        train, test,
+        "its train/ and test/ folders" if folder.layout == "train/test"
+        else f"seeded split, test fraction {test_fraction}",
+    )
+    for note in folder.notes:
+        logging.warning("%s", note)
+    return folder

@@ -36,6 +36,7 @@ def load_test_images(
     test_pairs_per_image=1,
     affnist_path=None,
     shift=None,
+    **image_source,
 ):
     """The first test images of a data set, as numpy arrays.
 
@@ -52,6 +53,9 @@ def load_test_images(
         affnist_path: real affNIST data for `"affnist"`.
         shift: the run's `--shift` (sets the MultiMNIST canvas and the
             expanded-MNIST test translation; None: the pipeline's default).
+        **image_source: `image_folder`, `image_size`, `test_fraction` of a
+            run on an image folder (`dataset="image_folder"`) or on another
+            TFDS data set (see `capsnet_tf.data.registry.load_experiment_data`).
 
     Returns:
         `(images, labels)`: float32 `[n, H, W, C]` (in [0, 1] for the MNIST
@@ -69,6 +73,7 @@ def load_test_images(
             dataset, "test", 1000, training=False, seed=seed, shift=shift, data_dir=data_dir,
             reconstruction=False, take=num_examples,
             test_pairs_per_image=test_pairs_per_image, affnist_path=affnist_path,
+            **image_source,
         )
         batches = list(data.as_numpy_iterator())
         return (
@@ -97,6 +102,12 @@ def _train_examples(config, data_dir):
     if config.get("train_examples"):
         return int(config["train_examples"])
     dataset = config.get("dataset", "mnist")
+    if dataset == "image_folder":
+        from capsnet_tf.data.registry import scan_folder
+
+        folder = scan_folder(config["image_folder"], config.get("image_size"),
+                             config.get("test_fraction", 0.2), config.get("seed", 0))
+        return len(folder.splits["train"][0])
     source = {"multi_mnist": "mnist", "expanded_mnist": "mnist"}.get(dataset, dataset)
     _, info = load_tfds_split(source, "train", data_dir)
     return info.splits["train"].num_examples

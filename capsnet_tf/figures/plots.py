@@ -44,6 +44,7 @@ def plot_reconstructions(
     columns=8,
     dpi=DPI,
     title="CapsNet reconstructions",
+    class_names=None,
 ):
     """Inputs over their reconstructions, plus a row of misclassified examples.
 
@@ -59,10 +60,15 @@ def plot_reconstructions(
         columns: images per row.
         dpi: resolution; the PNG is `FIGURE_SIZES["reconstructions"] * dpi`.
         title: the figure's title.
+        class_names: names of the classes for the titles (default: numbers).
 
     Returns:
         `path`.
     """
+
+    def named(class_id):
+        return class_names[int(class_id)] if class_names else str(int(class_id))
+
     blocks = []
     count = min(len(images), 2 * columns)
     for start in range(0, count, columns):
@@ -103,9 +109,12 @@ def plot_reconstructions(
             drawn = _show(top, block_images[column])
             _show(bottom, block_recons[column])
             correct = int(block_labels[column]) == int(block_preds[column])
+            # Class names may be long: one line each for the true and the predicted.
+            separator = "\n" if class_names else ", "
             top.set_title(
-                f"true {int(block_labels[column])}, pred {int(block_preds[column])}",
-                fontsize=8, color=_RIGHT if correct else _WRONG,
+                f"true {named(block_labels[column])}{separator}"
+                f"pred {named(block_preds[column])}",
+                fontsize=7 if class_names else 8, color=_RIGHT if correct else _WRONG,
             )
             if column == 0:
                 top.set_ylabel("input", fontsize=9)

@@ -109,7 +109,7 @@ def write_figures(
     ...               perturbation_digits=[3, 7])
     {'training_curves': '/tmp/capsnet_mnist/figures/training_curves.png', ...}
     """
-    from capsnet_tf.workdir import load_trained_model, read_run_files
+    from capsnet_tf.workdir import load_trained_model, read_class_names, read_run_files
 
     unknown = sorted(set(figures) - set(FIGURE_NAMES))
     if unknown:
@@ -134,6 +134,12 @@ def write_figures(
         "affnist_path": config.get("affnist_path"),
         "shift": config.get("shift"),
     }
+    if config.get("image_folder") or config.get("image_size"):
+        test_options.update(
+            image_folder=config.get("image_folder"),
+            image_size=config.get("image_size"),
+            test_fraction=config.get("test_fraction", 0.2),
+        )
 
     log_path = os.path.join(workdir, "training_log.csv")
     history = read_training_log(log_path) if os.path.exists(log_path) else {}
@@ -192,11 +198,17 @@ def write_figures(
         accuracy = 100.0 * float(np.mean(predictions == labels))
         log(f"Accuracy on these {len(images)} test images: {accuracy:.2f}%")
     name = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST"}.get(dataset, dataset)
+    if config.get("image_folder"):
+        name = os.path.basename(os.path.normpath(config["image_folder"]))
+    class_names = read_class_names(workdir, adapter.num_classes)
+    if class_names == [str(index) for index in range(adapter.num_classes)]:
+        class_names = None  # digits: the figures' own numbering says the same
 
     if "confusion_matrix" in wanted:
         matrix = confusion_matrix(labels, predictions, adapter.num_classes)
         written["confusion_matrix"] = plot_confusion_matrix(
             matrix, os.path.join(output_dir, "confusion_matrix.png"), dpi=dpi,
+            class_names=class_names,
             title=f"Confusion matrix on {len(images)} {name} test images "
             f"(accuracy {accuracy:.2f}%)",
         )
@@ -210,6 +222,7 @@ def write_figures(
             wrong=(images[wrong], labels[wrong], outputs["reconstruction"][wrong],
                    predictions[wrong]),
             dpi=dpi,
+            class_names=class_names,
             title=f"{model_name}: reconstructions of {name} test images\n({num_wrong} of the "
             f"{len(images)} evaluated misclassified; the first {len(wrong)} shown)",
         )

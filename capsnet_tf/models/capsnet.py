@@ -59,7 +59,7 @@ def _initializers(kind, stddev):
 
 @keras.saving.register_keras_serializable(package="capsnet_tf")
 class CapsNet(keras.Model):
-    """CapsNet: Conv -> PrimaryCapsule -> CapsuleLayer -> lengths + decoder.
+    """CapsNet: [stem ->] Conv -> PrimaryCapsule -> CapsuleLayer -> lengths + decoder.
 
     The training model takes `{"image": [batch, H, W, C] float in [0, 1],
     "label": [batch] int}` and returns `{"length": [batch, num_classes],
@@ -75,9 +75,23 @@ class CapsNet(keras.Model):
     k, H, W, C]` (at inference the `k` longest capsules, longest first). The
     weights, their names and the parameter count do not depend on `k`.
 
+    Larger images: the votes and the routing grow with the number of primary
+    capsules, `primary_capsule_types` times the PrimaryCaps grid, which grows
+    with the image's area (128x128 with the paper's layers: 56x56x32). An
+    optional stem of `stem_layers` 3x3 ReLU convolutions of stride 2 (`same`
+    padding, `stem_filters` each) before `conv1` halves the grid's height and
+    width per layer, and so divides the primary capsules, the class-capsule
+    weights and the routing tensors by about 4 per layer, for
+    `9 * C * F + F` (+ `9 * F * F + F` per further layer) stem parameters and
+    `conv1` reading F channels instead of C. `primary_strides` trades in the same
+    way without new layers. The decoder always reconstructs the full image.
+
     Args:
         image_shape: `(height, width, channels)` of the input images.
         num_classes: number of classes (= output capsules).
+        stem_layers: 3x3 stride-2 ReLU convolutions before `conv1` (0: none,
+            the paper's model).
+        stem_filters: filters of each stem convolution (32).
         conv_filters: filters of the first ReLU convolution (256).
         conv_kernel_size: its kernel size (9).
         primary_capsule_types: capsule maps in PrimaryCaps (32).
@@ -128,6 +142,8 @@ class CapsNet(keras.Model):
         self,
         image_shape=(28, 28, 1),
         num_classes=10,
+        stem_layers=0,
+        stem_filters=32,
         conv_filters=256,
         conv_kernel_size=9,
         primary_capsule_types=32,
@@ -170,12 +186,34 @@ class CapsNet(keras.Model):
                 "`num_targets` must be an integer >= 1 and < num_classes. "
                 f"Received: num_targets={num_targets!r}, num_classes={num_classes}"
             )
+        if not isinstance(stem_layers, int) or isinstance(stem_layers, bool) or stem_layers < 0:
+            raise ValueError(
+                f"`stem_layers` must be an integer >= 0. Received: stem_layers={stem_layers!r}"
+            )
+        if not isinstance(stem_filters, int) or stem_filters < 1:
+            raise ValueError(
+                "`stem_filters` must be a positive integer. "
+                f"Received: stem_filters={stem_filters!r}"
+            )
         decoder_units = tuple(int(units) for units in decoder_units)
         low_precision = keras.config.dtype_policy().compute_dtype in ("float16", "bfloat16")
         precise_dtype = "float32" if low_precision else None
 
         # === Layers ===
         conv_kernel, conv_bias = _initializers(initializer, 0.05)
+        self.stem = [
+            keras.layers.Conv2D(
+                stem_filters,
+                3,
+                strides=2,
+                padding="same",
+                activation="relu",
+                kernel_initializer=conv_kernel,
+                bias_initializer=conv_bias,
+                name=f"stem{index + 1}",
+            )
+            for index in range(stem_layers)
+        ]
         self.conv = keras.layers.Conv2D(
             conv_filters,
             conv_kernel_size,
@@ -254,6 +292,8 @@ class CapsNet(keras.Model):
         # === Config ===
         self.image_shape = image_shape
         self.num_classes = num_classes
+        self.stem_layers = stem_layers
+        self.stem_filters = stem_filters
         self.conv_filters = conv_filters
         self.conv_kernel_size = conv_kernel_size
         self.primary_capsule_types = primary_capsule_types
@@ -272,7 +312,10 @@ class CapsNet(keras.Model):
         self.routing_jit_compile = routing_jit_compile
 
     def _capsules(self, image):
-        return self.class_capsules(self.primary_capsules(self.conv(image)))
+        features = image
+        for layer in self.stem:
+            features = layer(features)
+        return self.class_capsules(self.primary_capsules(self.conv(features)))
 
     def _decode(self, masked, num_targets):
         """The decoder on each target's masked copy: `[b, k, ...]` -> `[b, k, H, W, C]`.
@@ -321,6 +364,8 @@ class CapsNet(keras.Model):
             "trainable": self.trainable,
             "image_shape": self.image_shape,
             "num_classes": self.num_classes,
+            "stem_layers": self.stem_layers,
+            "stem_filters": self.stem_filters,
             "conv_filters": self.conv_filters,
             "conv_kernel_size": self.conv_kernel_size,
             "primary_capsule_types": self.primary_capsule_types,

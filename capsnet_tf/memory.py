@@ -1,0 +1,441 @@
+"""The peak memory of a CapsNet training step, estimated before anything is built.
+
+CapsNet's memory grows with the number of primary capsules, which grows with
+the image's area: the votes `u_hat` hold `batch x primary capsules x classes x
+16` values, and every routing iteration keeps couplings and agreements of
+`batch x primary capsules x classes`. At 128x128 the paper's layers give
+56x56x32 = 100,352 primary capsules; a training step there needs tens of GiB.
+`estimate_training_memory` counts, from the layer sizes alone, the bytes that
+a training step holds at its peak, so that a script can say before building
+the model whether a configuration fits (`check_fits`) and which options bring
+it down (`MEMORY_OPTIONS`).
+
+What is counted (float32, 4 bytes a value; the batch's share is per example):
+
+- the weights, their gradients and Adam's two slots (4 copies), plus the
+  class-capsule kernel's transposed copy and its gradient (the vote product
+  reads the kernel as `[in, 8, classes * 16]`);
+- the activations kept for the backward pass and their gradients: each stem
+  convolution and `conv1` (2 copies), the input each of them unfolds (im2col:
+  `positions x kernel area x input channels`) for its kernel's gradient in
+  TensorFlow's CPU convolutions (1), the PrimaryCaps patches on CPUs
+  (`capsnet_tf.layers.primary_capsule`: `positions x 9 x 9 x 256`, saved for
+  the kernel's gradient; the input's gradient is a backward convolution that
+  makes no patch-sized gradient: 1), the primary poses (4: convolution
+  output, transposed, squashed, gradient), the votes (4: the product's
+  output, its output-major transpose, and both gradients), the routing's
+  logits, couplings and agreements of every iteration (3, with gradients 6)
+  and the decoder's layers (2);
+- the input pipeline's in-memory copies (`pipeline_bytes`);
+- the copies of the weights and Adam's slots made while the backup is
+  written (3 copies of the parameters; measured on top of the step's peak);
+- TensorFlow's own resident memory (libraries, kernels, the traced graph,
+  the XLA-compiled routing): a constant, `TENSORFLOW_BASELINE_BYTES`, the
+  peak resident memory (VmHWM) of a CapsNet too small for its tensors to
+  matter (one primary capsule type, batch 1) trained for a few steps, less
+  the estimate of those tensors (`benchmarks/memory/measure.py --baseline`).
+
+The counts are what the layers' code materialises, not factors fitted to
+one measurement; three were settled by the measurements of
+`benchmarks/memory/measure.py` across eleven configurations (one copy of the
+patches and of the unfolded inputs, where the executor's order decides
+between one and two; the backup's three copies on top of the step). The
+comparison with measured peaks (VmHWM) is in `benchmarks/memory/results.json`
+and `docs/experiments.md`: within 0.87-1.20 from MNIST to 128x128.
+Accelerators are not covered: there the activations live in device memory.
+"""
+
+import dataclasses
+import math
+import os
+
+__all__ = [
+    "MEMORY_OPTIONS",
+    "TENSORFLOW_BASELINE_BYTES",
+    "InsufficientMemoryError",
+    "MemoryEstimate",
+    "available_memory",
+    "capsule_counts",
+    "check_fits",
+    "check_run_memory",
+    "estimate_run_memory",
+    "estimate_training_memory",
+    "format_bytes",
+    "pipeline_bytes",
+]
+
+# TensorFlow 2.21 / Keras 3's own resident memory with CapsNet's graph on CPU:
+# the peak of a CapsNet too small for its tensors to matter, less those
+# tensors (benchmarks/memory/measure.py --baseline; results.json there).
+TENSORFLOW_BASELINE_BYTES = 771 * 2**20
+
+# The options of experiments/mnist.py that shrink a training step, in the
+# order worth trying.
+MEMORY_OPTIONS = (
+    "--batch_size (the activations scale with it)",
+    "--stem_layers=1 or 2 (each stride-2 stem convolution divides the primary capsules by ~4)",
+    "--primary_strides=3 or 4 (fewer PrimaryCaps positions)",
+    "--image_size (resize the images)",
+    "--primary_capsule_types (fewer capsules per position)",
+    "--noreconstruction (no decoder: saves its H*W*C*1024 weights)",
+)
+
+_FLOAT = 4
+
+
+class InsufficientMemoryError(ValueError):
+    """A configuration needs more memory than the machine has."""
+
+
+def _conv_length(size, kernel, stride, padding):
+    if padding == "same":
+        return math.ceil(size / stride)
+    return (size - kernel) // stride + 1
+
+
+def capsule_counts(
+    image_shape,
+    stem_layers=0,
+    conv_kernel_size=9,
+    primary_capsule_types=32,
+    primary_kernel_size=9,
+    primary_strides=2,
+    padding="valid",
+):
+    """The layer grids: `(stem sizes, conv1 size, PrimaryCaps grid, primary capsules)`.
+
+    Sizes are `(height, width)`; the primary capsules are the grid's
+    positions times `primary_capsule_types`.
+
+    Raises:
+        ValueError: the image is too small for the layers; the message names
+            the smallest size and what to change.
+    """
+    height, width = int(image_shape[0]), int(image_shape[1])
+    stem = []
+    for _ in range(stem_layers):
+        height, width = math.ceil(height / 2), math.ceil(width / 2)
+        stem.append((height, width))
+    conv = (_conv_length(height, conv_kernel_size, 1, padding),
+            _conv_length(width, conv_kernel_size, 1, padding))
+    grid = tuple(_conv_length(size, primary_kernel_size, primary_strides, padding)
+                 for size in conv)
+    if min(conv) < 1 or min(grid) < 1:
+        raise ValueError(
+            f"Images of {image_shape[0]}x{image_shape[1]} are too small for "
+            f"{stem_layers} stem layer(s), a {conv_kernel_size}x{conv_kernel_size} conv1 and "
+            f"{primary_kernel_size}x{primary_kernel_size} PrimaryCaps with "
+            f"padding={padding!r}: use fewer --stem_layers, --padding=same or larger "
+            "--image_size."
+        )
+    return stem, conv, grid, grid[0] * grid[1] * primary_capsule_types
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of a training step at its peak, by part.
+
+    Attributes:
+        parts: `{name: bytes}`; their sum is `total`.
+        parameters: trainable parameters of the model.
+        primary_capsules: number of primary capsules.
+        batch_size: the batch the activations are counted for.
+    """
+
+    parts: dict
+    parameters: int
+    primary_capsules: int
+    batch_size: int
+
+    @property
+    def total(self):
+        return sum(self.parts.values())
+
+    def describe(self):
+        """One line: the total, then each part."""
+        parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in self.parts.items())
+        return (
+            f"Estimated peak memory of a training step at batch size {self.batch_size}: "
+            f"{format_bytes(self.total)} ({self.primary_capsules:,} primary capsules, "
+            f"{self.parameters:,} parameters; {parts})"
+        )
+
+
+def format_bytes(size):
+    """`1.23 GiB`, `456 MiB`."""
+    if size >= 2**30:
+        return f"{size / 2**30:.2f} GiB"
+    return f"{size / 2**20:.0f} MiB"
+
+
+def estimate_training_memory(
+    image_shape,
+    num_classes,
+    batch_size,
+    stem_layers=0,
+    stem_filters=32,
+    conv_filters=256,
+    conv_kernel_size=9,
+    primary_capsule_types=32,
+    primary_capsule_dim=8,
+    primary_kernel_size=9,
+    primary_strides=2,
+    padding="valid",
+    capsule_dim=16,
+    routing_iterations=3,
+    decoder_units=(512, 1024),
+    reconstruction=True,
+    im2col=True,
+    data_bytes=0,
+    baseline_bytes=TENSORFLOW_BASELINE_BYTES,
+    checkpoints=True,
+):
+    """The peak memory of one CapsNet training step with Adam (see the module).
+
+    Args:
+        image_shape: `(height, width, channels)`.
+        num_classes: class capsules.
+        batch_size: examples per step.
+        stem_layers ... reconstruction: the `CapsNet` arguments of the same
+            names.
+        im2col: PrimaryCaps runs as im2col and one matmul (CPUs, `valid`
+            padding), which materialises its patches.
+        data_bytes: the input pipeline's memory (`pipeline_bytes`).
+        baseline_bytes: TensorFlow's own resident memory.
+        checkpoints: the run writes checkpoints and backups (as
+            `experiments/mnist.py` does): count their copies of the weights.
+
+    Returns:
+        A `MemoryEstimate`.
+    """
+    height, width, channels = (int(size) for size in image_shape)
+    stem, conv, grid, primary = capsule_counts(
+        image_shape, stem_layers, conv_kernel_size, primary_capsule_types,
+        primary_kernel_size, primary_strides, padding,
+    )
+    pixels = height * width * channels
+    # === Parameters ===
+    params = 0
+    in_channels = channels
+    for _ in stem:
+        params += 9 * in_channels * stem_filters + stem_filters
+        in_channels = stem_filters
+    params += conv_kernel_size**2 * in_channels * conv_filters + conv_filters
+    primary_filters = primary_capsule_types * primary_capsule_dim
+    params += primary_kernel_size**2 * conv_filters * primary_filters + primary_filters
+    capsule_kernel = primary * num_classes * primary_capsule_dim * capsule_dim
+    params += capsule_kernel + num_classes * capsule_dim
+    if reconstruction:
+        units = [num_classes * capsule_dim, *decoder_units, pixels]
+        params += sum(a * b + b for a, b in zip(units[:-1], units[1:]))
+    # === Activations of one example (values) ===
+    stem_values = sum(h * w * stem_filters for h, w in stem)
+    conv_values = conv[0] * conv[1] * conv_filters
+    patches = grid[0] * grid[1] * primary_kernel_size**2 * conv_filters
+    primary_im2col = im2col and padding == "valid"
+    # TensorFlow's CPU convolutions unfold their input (im2col) for the
+    # kernel's gradient: output positions x kernel area x input channels.
+    workspace = 0
+    in_channels = channels
+    for h, w in stem:
+        workspace += h * w * 9 * in_channels
+        in_channels = stem_filters
+    workspace += conv[0] * conv[1] * conv_kernel_size**2 * in_channels
+    votes = primary * num_classes * capsule_dim
+    routing = primary * num_classes * routing_iterations
+    decoder = sum(decoder_units) + 2 * pixels if reconstruction else 0
+    per_example = {
+        "convolutions": 2 * (stem_values + conv_values) + pixels,
+        "convolution_unfolding": workspace,
+        "primary_patches": patches if primary_im2col else 0,
+        "primary_poses": 4 * primary * primary_capsule_dim,
+        "votes": 4 * votes,
+        "routing": 6 * routing,
+        "decoder": 2 * decoder,
+    }
+    parts = {
+        "tensorflow": baseline_bytes,
+        "weights_gradients_adam": _FLOAT * (4 * params + 2 * capsule_kernel),
+    }
+    for name, values in per_example.items():
+        if values:
+            parts[name] = _FLOAT * values * batch_size
+    if checkpoints:
+        # Writing the backup copies the weights and both Adam slots out of
+        # TensorFlow; measured, the process's peak grows by about that much
+        # on top of the step's (the step's freed memory is not all returned
+        # to the system, so the copies do not fit into it).
+        parts["checkpoint_writing"] = _FLOAT * 3 * params
+    if data_bytes:
+        parts["input_pipeline"] = int(data_bytes)
+    return MemoryEstimate(
+        parts=parts, parameters=params, primary_capsules=primary, batch_size=batch_size
+    )
+
+
+def pipeline_bytes(num_examples, image_shape, batch_size, shuffle_buffer, cached_bytes=1,
+                   shuffled_bytes=1, prefetch_batches=2):
+    """Memory of an in-memory input pipeline: the cache, the shuffle buffer, prefetching.
+
+    Args:
+        num_examples: examples held in memory (the training split).
+        image_shape: `(height, width, channels)` of one stored image.
+        batch_size: examples per batch.
+        shuffle_buffer: the shuffle buffer's size (capped at `num_examples`).
+        cached_bytes, shuffled_bytes: bytes per value of the cached and of the
+            shuffled elements (1 for uint8, 4 for float32).
+        prefetch_batches: float32 batches waiting in the prefetch buffer.
+    """
+    values = math.prod(int(size) for size in image_shape)
+    return values * (
+        num_examples * cached_bytes
+        + min(shuffle_buffer, num_examples) * shuffled_bytes
+        + prefetch_batches * batch_size * _FLOAT
+    )
+
+
+def available_memory():
+    """`(bytes, source)`: what this process may still use.
+
+    `MemAvailable` of `/proc/meminfo`, or the cgroup's limit minus its usage
+    when that is lower (a container); None when neither can be read.
+    """
+    candidates = []
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    candidates.append((int(line.split()[1]) * 1024, "MemAvailable"))
+    except OSError:
+        pass
+    for limit_path, usage_path in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+         "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            with open(limit_path) as file:
+                limit = file.read().strip()
+            with open(usage_path) as file:
+                usage = int(file.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 2**60:
+            candidates.append((int(limit) - usage, "the cgroup's memory limit"))
+        break
+    if not candidates:
+        return None, None
+    return min(candidates)
+
+
+def check_fits(estimate, available=None, source="MemAvailable"):
+    """Raises `InsufficientMemoryError` (one line) when `estimate` exceeds the available memory.
+
+    Args:
+        estimate: a `MemoryEstimate`.
+        available: bytes available (None: `available_memory()`).
+        source: where `available` comes from, for the message.
+
+    The environment variable `CAPSNET_MEMORY_LIMIT` (bytes, or e.g. `8G`)
+    replaces the machine's figure, e.g. to leave room for other processes;
+    `CAPSNET_MEMORY_LIMIT=off` skips the check (the estimate errs by up to a
+    fifth, and swap may be there).
+    """
+    override = os.environ.get("CAPSNET_MEMORY_LIMIT", "").strip()
+    if override.lower() in ("off", "none"):
+        return
+    if override:
+        available, source = _parse_size(override), "$CAPSNET_MEMORY_LIMIT"
+    elif available is None:
+        available, source = available_memory()
+        if available is None:
+            return
+    if estimate.total <= available:
+        return
+    raise InsufficientMemoryError(
+        f"This configuration needs about {format_bytes(estimate.total)} for a training step "
+        f"at batch size {estimate.batch_size} ({estimate.primary_capsules:,} primary "
+        f"capsules; votes and routing {format_bytes(_routing_part(estimate))}), but "
+        f"{format_bytes(available)} is available ({source}). Bring it down with: "
+        + "; ".join(MEMORY_OPTIONS) + "."
+    )
+
+
+def estimate_run_memory(config, spec, test_examples=0):
+    """The `MemoryEstimate` of a training step of an `ExperimentConfig` on `spec`'s data.
+
+    Counts the CapsNet of `config` for `spec`'s images and classes at
+    `config.batch_size`, and the in-memory input pipeline: the uint8
+    training and `test_examples` test images and the shuffle buffer (float32
+    for the built-in MNIST-style pipelines, which scale before shuffling;
+    uint8 for image folders and other TFDS sets). None for the baseline CNN.
+    """
+    from capsnet_tf.data.registry import DATASETS
+
+    if config.model == "baseline":
+        return None
+    examples = min(config.train_examples or spec.num_examples, spec.num_examples)
+    own = config.dataset not in DATASETS
+    data = pipeline_bytes(
+        examples, spec.image_shape, config.batch_size, 10_000, shuffled_bytes=1 if own else 4
+    ) + pipeline_bytes(test_examples, spec.image_shape, config.batch_size, 0)
+    return estimate_training_memory(
+        spec.image_shape,
+        spec.num_classes,
+        config.batch_size,
+        stem_layers=config.stem_layers,
+        stem_filters=config.stem_filters,
+        primary_capsule_types=config.primary_capsule_types,
+        primary_strides=config.primary_strides,
+        padding=config.padding,
+        routing_iterations=config.routing_iterations,
+        reconstruction=config.reconstruction,
+        im2col=not _accelerated(),
+        data_bytes=data,
+    )
+
+
+def check_run_memory(config, spec, test_examples=0):
+    """Logs the estimated peak memory of a training step; refuses one that cannot fit.
+
+    On CPUs only: with a GPU or TPU the activations are in device memory,
+    which this estimate does not cover.
+
+    Returns:
+        The `MemoryEstimate` (None for the baseline CNN).
+
+    Raises:
+        InsufficientMemoryError: the estimate exceeds the memory available
+            (one line: needed, available, the options that help).
+    """
+    from absl import logging
+
+    estimate = estimate_run_memory(config, spec, test_examples)
+    if estimate is None:
+        return None
+    logging.info("%s", estimate.describe())
+    if not _accelerated():
+        check_fits(estimate)
+    return estimate
+
+
+def _accelerated():
+    import tensorflow as tf
+
+    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+def _routing_part(estimate):
+    return sum(estimate.parts.get(name, 0) for name in ("votes", "routing"))
+
+
+def _parse_size(text):
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in "KMGT" else text
+    try:
+        return int(float(number) * scale)
+    except ValueError:
+        raise ValueError(
+            f"$CAPSNET_MEMORY_LIMIT must be bytes or a size such as 8G. Received: {text!r}"
+        ) from None

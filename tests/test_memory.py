@@ -1,0 +1,111 @@
+"""The memory estimate of a training step (`capsnet_tf.memory`) against measured peaks.
+
+Two small configurations train a few steps each in a fresh process
+(`benchmarks/memory/measure.py --child=...`), which reads its own peak
+resident memory (VmHWM); the estimate must be within 25% of it. The larger
+sizes (48x48, 64x64, 128x128 with and without a stem) are measured by that
+script into `benchmarks/memory/results.json`, not here: they take minutes.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from capsnet_tf.memory import (
+    InsufficientMemoryError,
+    capsule_counts,
+    check_fits,
+    estimate_training_memory,
+)
+from tests.conftest import REPO_ROOT
+
+MEASURE = os.path.join(REPO_ROOT, "benchmarks", "memory", "measure.py")
+
+
+def _measure_module():
+    spec = importlib.util.spec_from_file_location("measure", MEASURE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["mnist_28x28x1_b32", "cifar_32x32x3_b32"])
+def test_estimate_is_within_a_quarter_of_the_measured_peak(name):
+    result = subprocess.run(
+        [sys.executable, MEASURE, f"--child={name}", "--steps=3"], capture_output=True,
+        text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    estimate = _measure_module().estimate(name)
+    assert estimate.parameters == measured["params"]
+    ratio = estimate.total / measured["vm_hwm"]
+    assert 0.75 <= ratio <= 1.25, (name, ratio, estimate.describe(), measured)
+
+
+def test_capsule_counts_of_the_issue_and_of_the_options():
+    # 128x128 with the paper's layers: 56x56x32 primary capsules.
+    assert capsule_counts((128, 128, 3))[2:] == ((56, 56), 100_352)
+    assert capsule_counts((28, 28, 1))[3] == 1152
+    assert capsule_counts((128, 128, 3), stem_layers=1)[3] == 24 * 24 * 32
+    assert capsule_counts((128, 128, 3), stem_layers=2)[3] == 8 * 8 * 32
+    assert capsule_counts((128, 128, 3), primary_strides=4)[3] == 28 * 28 * 32
+    with pytest.raises(ValueError, match="too small"):
+        capsule_counts((32, 32, 3), stem_layers=2)
+
+
+@pytest.mark.parametrize("options", [
+    {"image_shape": (28, 28, 1), "num_classes": 10},
+    {"image_shape": (40, 36, 3), "num_classes": 3, "stem_layers": 1, "stem_filters": 8,
+     "primary_capsule_types": 4},
+    {"image_shape": (96, 96, 3), "num_classes": 4, "stem_layers": 2, "primary_strides": 3,
+     "primary_capsule_types": 2, "reconstruction": False},
+])
+def test_parameter_count_and_stem_model(options):
+    import keras
+
+    from capsnet_tf.models.capsnet import CapsNet
+
+    model = CapsNet(**options)
+    estimate = estimate_training_memory(batch_size=1, **options)
+    assert estimate.parameters == model.count_params()
+    restored = CapsNet.from_config(model.get_config())
+    assert restored.get_config() == model.get_config()
+    assert keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(model)).count_params() == model.count_params()
+    names = [layer.name for layer in model.layers]
+    assert [n for n in names if n.startswith("stem")] == [
+        f"stem{i + 1}" for i in range(options.get("stem_layers", 0))
+    ]
+
+
+def test_a_step_that_cannot_fit_is_refused_in_one_line(monkeypatch):
+    estimate = estimate_training_memory((128, 128, 3), 3, 64)
+    with pytest.raises(InsufficientMemoryError) as error:
+        check_fits(estimate, available=8 * 2**30, source="MemAvailable")
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"needs about {estimate.total / 2**30:.2f} GiB" in message
+    assert "8.00 GiB is available (MemAvailable)" in message
+    for option in ("--batch_size", "--stem_layers", "--primary_strides", "--image_size"):
+        assert option in message
+    check_fits(estimate_training_memory((28, 28, 1), 10, 128), available=8 * 2**30)
+    monkeypatch.setenv("CAPSNET_MEMORY_LIMIT", "1G")
+    limited = r"1.00 GiB is available \(\$CAPSNET_MEMORY_LIMIT\)"
+    with pytest.raises(InsufficientMemoryError, match=limited):
+        check_fits(estimate_training_memory((28, 28, 1), 10, 128))
+    monkeypatch.setenv("CAPSNET_MEMORY_LIMIT", "off")
+    check_fits(estimate, available=1)
+
+
+def test_estimate_grows_with_the_batch_and_the_stem_shrinks_it():
+    small, large = (estimate_training_memory((128, 128, 3), 3, b) for b in (8, 16))
+    assert large.total > small.total
+    assert large.parts["votes"] == 2 * small.parts["votes"]
+    stem = estimate_training_memory((128, 128, 3), 3, 16, stem_layers=1)
+    assert stem.total < large.total / 2
+    assert stem.primary_capsules * 5 < large.primary_capsules
