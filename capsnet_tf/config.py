@@ -21,7 +21,14 @@ import re
 from capsnet_tf.data.images import parse_image_size
 from capsnet_tf.data.registry import DATASETS, IMAGE_FOLDER
 
-__all__ = ["MODEL_FIELDS", "ExperimentConfig", "describe_options", "option"]
+__all__ = [
+    "CAPSNET_FIELDS",
+    "MODEL_FIELDS",
+    "ExperimentConfig",
+    "capsnet_options",
+    "describe_options",
+    "option",
+]
 
 # The data sets a run can train on (affNIST is a test set of expanded_mnist runs).
 TRAINABLE_DATASETS = tuple(name for name in DATASETS if name != "affnist")
@@ -188,6 +195,16 @@ class ExperimentConfig:
     official_primary_scaling: bool = option(
         False, "Divide PrimaryCaps pre-activations by the number of types."
     )
+    vote_scaling: str = option(
+        "auto",
+        "capsule_count: scale the class capsules' votes by classes / 10 x sqrt(1152 / "
+        "primary capsules) (at most 1; 1 for MNIST); with thousands of primary capsules the "
+        "first optimizer steps otherwise saturate every class capsule (lengths near 1) and "
+        "the run stays at chance. none: the paper's votes. "
+        "auto: capsule_count for --image_folder and other TFDS data sets, none for the "
+        "paper's data sets.",
+        choices=("auto", "none", "capsule_count"),
+    )
     initializer: str = option("keras", "Weight initialisers.", choices=("keras", "official"))
     padding: str = option(
         "valid", "Padding of both convolutions (CIFAR-10: same).", choices=("valid", "same")
@@ -321,24 +338,39 @@ def _check_field(field, value):
         raise ValueError(f"`{name}` must be <= {meta['upper']}. Received: {name}={value!r}")
 
 
-# The fields that define the model (and so the weights' shapes): a work
-# directory saved with other values holds another model.
-MODEL_FIELDS = (
-    "model",
-    "dataset",
+# The fields that are `CapsNet` arguments of the same names: the one mapping
+# from a run's options to its model, used to build the model
+# (`training.build_model`) and to estimate its memory (`memory`).
+CAPSNET_FIELDS = (
+    "padding",
+    "primary_capsule_types",
+    "stem_layers",
+    "stem_filters",
+    "primary_strides",
     "routing_iterations",
     "leaky_routing",
     "reconstruction",
     "official_primary_scaling",
+    "vote_scaling",
     "initializer",
-    "padding",
-    "primary_capsule_types",
-    "image_folder",
-    "image_size",
-    "stem_layers",
-    "stem_filters",
-    "primary_strides",
 )
+
+
+# The fields that define the model (its weights' shapes or its function): a work
+# directory saved with other values holds another model.
+MODEL_FIELDS = ("model", "dataset", "image_folder", "image_size", *CAPSNET_FIELDS)
+
+
+def capsnet_options(config):
+    """`{argument: value}`: the `CapsNet` arguments that an `ExperimentConfig` sets.
+
+    `vote_scaling="auto"` resolves here: the paper's votes for the paper's
+    data sets, `"capsule_count"` for an image folder or another TFDS data set.
+    """
+    options = {name: getattr(config, name) for name in CAPSNET_FIELDS}
+    if options["vote_scaling"] == "auto":
+        options["vote_scaling"] = "none" if config.dataset in DATASETS else "capsule_count"
+    return options
 
 
 def describe_options():

@@ -46,8 +46,11 @@ Accelerators are not covered: there the activations live in device memory.
 """
 
 import dataclasses
+import inspect
 import math
 import os
+
+from capsnet_tf.models.grid import capsule_counts
 
 __all__ = [
     "MEMORY_OPTIONS",
@@ -85,50 +88,6 @@ _FLOAT = 4
 
 class InsufficientMemoryError(ValueError):
     """A configuration needs more memory than the machine has."""
-
-
-def _conv_length(size, kernel, stride, padding):
-    if padding == "same":
-        return math.ceil(size / stride)
-    return (size - kernel) // stride + 1
-
-
-def capsule_counts(
-    image_shape,
-    stem_layers=0,
-    conv_kernel_size=9,
-    primary_capsule_types=32,
-    primary_kernel_size=9,
-    primary_strides=2,
-    padding="valid",
-):
-    """The layer grids: `(stem sizes, conv1 size, PrimaryCaps grid, primary capsules)`.
-
-    Sizes are `(height, width)`; the primary capsules are the grid's
-    positions times `primary_capsule_types`.
-
-    Raises:
-        ValueError: the image is too small for the layers; the message names
-            the smallest size and what to change.
-    """
-    height, width = int(image_shape[0]), int(image_shape[1])
-    stem = []
-    for _ in range(stem_layers):
-        height, width = math.ceil(height / 2), math.ceil(width / 2)
-        stem.append((height, width))
-    conv = (_conv_length(height, conv_kernel_size, 1, padding),
-            _conv_length(width, conv_kernel_size, 1, padding))
-    grid = tuple(_conv_length(size, primary_kernel_size, primary_strides, padding)
-                 for size in conv)
-    if min(conv) < 1 or min(grid) < 1:
-        raise ValueError(
-            f"Images of {image_shape[0]}x{image_shape[1]} are too small for "
-            f"{stem_layers} stem layer(s), a {conv_kernel_size}x{conv_kernel_size} conv1 and "
-            f"{primary_kernel_size}x{primary_kernel_size} PrimaryCaps with "
-            f"padding={padding!r}: use fewer --stem_layers, --padding=same or larger "
-            "--image_size."
-        )
-    return stem, conv, grid, grid[0] * grid[1] * primary_capsule_types
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,23 +131,12 @@ def estimate_training_memory(
     image_shape,
     num_classes,
     batch_size,
-    stem_layers=0,
-    stem_filters=32,
-    conv_filters=256,
-    conv_kernel_size=9,
-    primary_capsule_types=32,
-    primary_capsule_dim=8,
-    primary_kernel_size=9,
-    primary_strides=2,
-    padding="valid",
-    capsule_dim=16,
-    routing_iterations=3,
-    decoder_units=(512, 1024),
-    reconstruction=True,
+    *,
     im2col=True,
     data_bytes=0,
     baseline_bytes=TENSORFLOW_BASELINE_BYTES,
     checkpoints=True,
+    **capsnet_arguments,
 ):
     """The peak memory of one CapsNet training step with Adam (see the module).
 
@@ -196,18 +144,32 @@ def estimate_training_memory(
         image_shape: `(height, width, channels)`.
         num_classes: class capsules.
         batch_size: examples per step.
-        stem_layers ... reconstruction: the `CapsNet` arguments of the same
-            names.
         im2col: PrimaryCaps runs as im2col and one matmul (CPUs, `valid`
             padding), which materialises its patches.
         data_bytes: the input pipeline's memory (`pipeline_bytes`).
         baseline_bytes: TensorFlow's own resident memory.
         checkpoints: the run writes checkpoints and backups (as
             `experiments/mnist.py` does): count their copies of the weights.
+        **capsnet_arguments: any other `CapsNet` arguments (`stem_layers`,
+            `primary_strides`, `reconstruction`, ...); the rest take
+            `CapsNet`'s own defaults, so the estimate counts the model that
+            `CapsNet(image_shape, num_classes, **capsnet_arguments)` builds.
 
     Returns:
         A `MemoryEstimate`.
+
+    Raises:
+        TypeError: an argument that `CapsNet` does not take.
     """
+    arguments = _capsnet_arguments(capsnet_arguments)
+    stem_layers, stem_filters = arguments["stem_layers"], arguments["stem_filters"]
+    conv_filters, conv_kernel_size = arguments["conv_filters"], arguments["conv_kernel_size"]
+    primary_capsule_types = arguments["primary_capsule_types"]
+    primary_capsule_dim = arguments["primary_capsule_dim"]
+    primary_kernel_size = arguments["primary_kernel_size"]
+    primary_strides, padding = arguments["primary_strides"], arguments["padding"]
+    capsule_dim, routing_iterations = arguments["capsule_dim"], arguments["routing_iterations"]
+    decoder_units, reconstruction = arguments["decoder_units"], arguments["reconstruction"]
     height, width, channels = (int(size) for size in image_shape)
     stem, conv, grid, primary = capsule_counts(
         image_shape, stem_layers, conv_kernel_size, primary_capsule_types,
@@ -271,6 +233,24 @@ def estimate_training_memory(
     return MemoryEstimate(
         parts=parts, parameters=params, primary_capsules=primary, batch_size=batch_size
     )
+
+
+def _capsnet_arguments(overrides):
+    """`CapsNet`'s keyword defaults updated with `overrides` (checked by name)."""
+    from capsnet_tf.models.capsnet import CapsNet
+
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(CapsNet.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise TypeError(
+            f"Not CapsNet arguments: {', '.join(unknown)}. "
+            f"Received: {', '.join(f'{name}={overrides[name]!r}' for name in unknown)}"
+        )
+    return {**defaults, **overrides}
 
 
 def pipeline_bytes(num_examples, image_shape, batch_size, shuffle_buffer, cached_bytes=1,
@@ -370,6 +350,7 @@ def estimate_run_memory(config, spec, test_examples=0):
     for the built-in MNIST-style pipelines, which scale before shuffling;
     uint8 for image folders and other TFDS sets). None for the baseline CNN.
     """
+    from capsnet_tf.config import capsnet_options
     from capsnet_tf.data.registry import DATASETS
 
     if config.model == "baseline":
@@ -383,15 +364,9 @@ def estimate_run_memory(config, spec, test_examples=0):
         spec.image_shape,
         spec.num_classes,
         config.batch_size,
-        stem_layers=config.stem_layers,
-        stem_filters=config.stem_filters,
-        primary_capsule_types=config.primary_capsule_types,
-        primary_strides=config.primary_strides,
-        padding=config.padding,
-        routing_iterations=config.routing_iterations,
-        reconstruction=config.reconstruction,
         im2col=not _accelerated(),
         data_bytes=data,
+        **capsnet_options(config),
     )
 
 

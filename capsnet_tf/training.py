@@ -31,7 +31,7 @@ from capsnet_tf.callbacks import (
     WeightsCheckpoint,
     load_weights,
 )
-from capsnet_tf.config import ExperimentConfig
+from capsnet_tf.config import ExperimentConfig, capsnet_options
 from capsnet_tf.data.pipeline import resumable_training_data
 from capsnet_tf.data.registry import load_experiment_data
 from capsnet_tf.distribute import (
@@ -90,17 +90,8 @@ def build_model(config, image_shape, num_classes, num_targets=1):
     return CapsNet(
         image_shape=image_shape,
         num_classes=num_classes,
-        padding=config.padding,
-        primary_capsule_types=config.primary_capsule_types,
-        stem_layers=config.stem_layers,
-        stem_filters=config.stem_filters,
-        primary_strides=config.primary_strides,
-        routing_iterations=config.routing_iterations,
-        leaky_routing=config.leaky_routing,
-        reconstruction=config.reconstruction,
-        official_primary_scaling=config.official_primary_scaling,
-        initializer=config.initializer,
         name="capsnet",
+        **capsnet_options(config),
         **options,
     )
 

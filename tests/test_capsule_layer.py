@@ -259,6 +259,29 @@ def test_mixed_bfloat16_keeps_float32_variables_and_finite_outputs():
     assert np.all(np.isfinite(tf.cast(outputs, tf.float32).numpy()))
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_vote_scale_multiplies_every_vote(training):
+    """`vote_scale` is Procedure 1 on `vote_scale * u_hat`: the reference on a scaled kernel."""
+    layer, inputs, kernel, bias = make_layer(3)
+    scaled = CapsuleLayer(3, 5, routing_iterations=3, vote_scale=0.25, dtype="float64")
+    scaled.build((None, 6, 4))
+    scaled.set_weights([kernel, bias])
+    expected, _ = reference_routing(inputs, 0.25 * kernel, bias, 3, False)
+    np.testing.assert_allclose(
+        scaled(inputs, training=training).numpy(), expected, rtol=1e-6, atol=1e-8
+    )
+    # ... which is not the unscaled layer's output: the factor acts.
+    assert np.abs(layer(inputs).numpy() - expected).max() > 1e-2
+    restored = CapsuleLayer.from_config(scaled.get_config())
+    assert restored.vote_scale == 0.25
+
+
+@pytest.mark.parametrize("vote_scale", [0, -1.0, True, "0.5"])
+def test_vote_scale_must_be_positive(vote_scale):
+    with pytest.raises(ValueError, match="`vote_scale` must be a positive number. Received"):
+        CapsuleLayer(10, 16, vote_scale=vote_scale)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -47,6 +47,7 @@ def test_folder_trains_exports_and_predicts_with_its_class_names(tmp_path):
     assert np.isfinite(results["test_loss"])
     model = json.loads((workdir / "model.json").read_text())
     assert model["image_shape"] == [20, 20, 3] and model["num_classes"] == 3
+    assert model["vote_scaling"] == "capsule_count"  # --vote_scaling=auto on a folder
 
     serving = tmp_path / "serving"
     result = run(EXPORT, [f"--workdir={workdir}", f"--export_dir={serving}"])
@@ -130,5 +131,16 @@ def test_config_lets_image_folder_replace_the_dataset():
     ExperimentConfig(dataset="eurosat/rgb").validate()
     with pytest.raises(ValueError, match="needs --image_folder"):
         ExperimentConfig(dataset="image_folder").validate()
+    # auto: the paper's votes on the paper's data sets, scaled on anything else.
+    from capsnet_tf.config import capsnet_options
+
+    assert capsnet_options(ExperimentConfig())["vote_scaling"] == "none"
+    assert capsnet_options(ExperimentConfig(dataset="cifar10"))["vote_scaling"] == "none"
+    assert capsnet_options(config)["vote_scaling"] == "capsule_count"
+    assert capsnet_options(ExperimentConfig(dataset="kmnist"))["vote_scaling"] == (
+        "capsule_count"
+    )
+    explicit = ExperimentConfig(image_folder="/data/pets", vote_scaling="none")
+    assert capsnet_options(explicit)["vote_scaling"] == "none"
     with pytest.raises(ValueError, match="image_size"):
         ExperimentConfig(image_folder="x", image_size=("big",)).validate()

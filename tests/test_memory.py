@@ -83,6 +83,27 @@ def test_parameter_count_and_stem_model(options):
     ]
 
 
+def test_run_estimate_counts_the_model_that_the_run_builds():
+    """A run's options reach the estimate and the model through one mapping."""
+    import types
+
+    from capsnet_tf.config import ExperimentConfig
+    from capsnet_tf.memory import estimate_run_memory
+    from capsnet_tf.training import build_model
+
+    config = ExperimentConfig(
+        stem_layers=1, stem_filters=8, primary_strides=3, primary_capsule_types=4,
+        padding="same", reconstruction=False, batch_size=4,
+    )
+    spec = types.SimpleNamespace(image_shape=(40, 36, 3), num_classes=3, num_examples=50)
+    estimate = estimate_run_memory(config, spec)
+    model = build_model(config, spec.image_shape, spec.num_classes)
+    assert estimate.parameters == model.count_params()
+    assert estimate.primary_capsules == model.get_layer("class_capsules").kernel.shape[0]
+    with pytest.raises(TypeError, match="Not CapsNet arguments: stem_layer. Received: "):
+        estimate_training_memory((28, 28, 1), 10, 1, stem_layer=1)
+
+
 def test_a_step_that_cannot_fit_is_refused_in_one_line(monkeypatch):
     estimate = estimate_training_memory((128, 128, 3), 3, 64)
     with pytest.raises(InsufficientMemoryError) as error:

@@ -190,6 +190,54 @@ def test_invalid_model_arguments():
         CapsNet.from_preset("imagenet")
 
 
+def test_vote_scaling_by_capsule_count():
+    """min(1, classes / 10 * sqrt(1152 / primary capsules)), hand-computed per shape."""
+    def scale(**kwargs):
+        return CapsNet(**kwargs).get_layer("class_capsules").vote_scale
+
+    assert scale() == 1.0
+    assert scale(vote_scaling="capsule_count") == 1.0  # MNIST: 1,152 capsules, 10 classes
+    # 48x48: conv1 40x40, PrimaryCaps (40 - 9) // 2 + 1 = 16: 16 * 16 * 32 = 8,192 capsules.
+    assert scale(image_shape=(48, 48, 3), num_classes=3, vote_scaling="capsule_count") == (
+        pytest.approx(0.3 * 0.375)
+    )
+    assert scale(num_classes=20, vote_scaling="capsule_count") == 1.0  # never above 1
+    model = CapsNet(image_shape=(48, 48, 3), num_classes=3, vote_scaling="capsule_count")
+    restored = CapsNet.from_config(model.get_config())
+    assert restored.get_layer("class_capsules").vote_scale == pytest.approx(0.3 * 0.375)
+    with pytest.raises(ValueError, match="`vote_scaling` must be one of .* Received"):
+        CapsNet(vote_scaling="mean")
+
+
+def test_one_adam_step_saturates_many_capsules_unless_the_votes_are_scaled():
+    """Why `vote_scaling` exists: 8,192 primary capsules, 3 classes, dense colour images.
+
+    One Adam step moves `s_j` by a sum over all primary capsules: with the
+    paper's votes every class capsule's length jumps to about 1 (where the
+    margin loss has no gradient left); scaled by capsule count it does not.
+    """
+    rng = np.random.default_rng(0)
+    images = np.empty((8, 48, 48, 3), "float32")
+    labels = np.arange(8, dtype="int32") % 3
+    for k in range(8):  # a random background colour everywhere, a brighter square
+        images[k] = rng.uniform(0, 0.43, 3)
+        y, x = rng.integers(5, 25, 2)
+        images[k, y:y + 18, x:x + 18] = rng.uniform(0.55, 1.0, 3)
+    lengths = {}
+    for scaling in ("none", "capsule_count"):
+        keras.utils.set_random_seed(0)
+        model = CapsNet(image_shape=(48, 48, 3), num_classes=3, vote_scaling=scaling,
+                        reconstruction=False)
+        compile_model(model, ExperimentConfig(reconstruction=False), steps_per_epoch=10)
+        before = model.predict(images, verbose=0)["length"].mean()
+        model.train_on_batch({"image": images}, {"length": labels})
+        lengths[scaling] = (before, model.predict(images, verbose=0)["length"].mean())
+    # From about 0.04 to above 0.99 with the paper's votes (where the squash's slope
+    # d|v|/d|s| = 2|s| / (1 + |s|^2)^2 is below 0.002); scaled, they keep room to learn.
+    assert lengths["none"][0] < 0.5 and lengths["none"][1] > 0.99, lengths
+    assert lengths["capsule_count"][1] < 0.95, lengths
+
+
 def test_official_initialisers():
     model = CapsNet(initializer="official", official_primary_scaling=True)
     conv = model.get_layer("conv1")

@@ -93,17 +93,14 @@ BASELINE = ((28, 28, 1), 10, 1, {"primary_capsule_types": 1})
 
 def estimate(name, **options):
     """`capsnet_tf.memory.estimate_training_memory` of `CONFIGURATIONS[name]`'s steps."""
-    from capsnet_tf.config import ExperimentConfig
+    from capsnet_tf.config import ExperimentConfig, capsnet_options
     from capsnet_tf.memory import estimate_training_memory
 
     shape, classes, batch, overrides = CONFIGURATIONS[name]
     config = ExperimentConfig(batch_size=batch, **overrides)
     return estimate_training_memory(
         shape, classes, batch,
-        stem_layers=config.stem_layers, stem_filters=config.stem_filters,
-        primary_capsule_types=config.primary_capsule_types,
-        primary_strides=config.primary_strides, padding=config.padding,
-        routing_iterations=config.routing_iterations, reconstruction=config.reconstruction,
+        **capsnet_options(config),
         # the data: one batch of images and labels (the parent's random batch)
         data_bytes=4 * batch * (shape[0] * shape[1] * shape[2]) * 2,
         checkpoints=False,  # these steps write no checkpoints

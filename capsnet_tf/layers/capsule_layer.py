@@ -1,6 +1,7 @@
 """Fully connected capsules with routing-by-agreement (the paper's DigitCaps)."""
 
 import contextlib
+import numbers
 import threading
 
 import keras
@@ -271,6 +272,17 @@ class CapsuleLayer(keras.layers.Layer):
             default truncated normal with standard deviation 0.1 (official).
         bias_initializer: initializer of the `[num_capsules, capsule_dim]`
             bias.
+        vote_scale: positive factor on every vote, `u_hat_j|i = vote_scale
+            * u_i @ kernel[i, j]` (default 1: the paper's layer). `s_j` sums
+            the votes of all input capsules, so one optimizer step, which
+            moves every kernel entry by about the learning rate, moves `s_j`
+            by an amount that grows with their number; with thousands of
+            input capsules the first steps push every `s_j` far out on the
+            squash's flat tail (all lengths near 1), where the margin loss
+            has almost no gradient. A factor below 1 makes that step
+            smaller while the kernel keeps its initial scale (as the
+            "equalized learning rate" of Karras et al., 2018, does).
+            `CapsNet(vote_scaling="capsule_count")` sets it from the counts.
         jit_compile: when the routing is compiled with XLA (see
             `dynamic_routing`): `"training"` (default) in training calls
             only, so inference and exported models keep one graph for every
@@ -321,11 +333,20 @@ class CapsuleLayer(keras.layers.Layer):
         use_bias=True,
         kernel_initializer=None,
         bias_initializer="zeros",
+        vote_scale=1.0,
         jit_compile="training",
         inference_chunk_size=16,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if (
+            isinstance(vote_scale, bool)
+            or not isinstance(vote_scale, numbers.Real)
+            or not vote_scale > 0
+        ):
+            raise ValueError(
+                f"`vote_scale` must be a positive number. Received: vote_scale={vote_scale!r}"
+            )
         if jit_compile not in (True, False, "training"):
             raise ValueError(
                 "`jit_compile` must be True, False or 'training'. "
@@ -347,6 +368,7 @@ class CapsuleLayer(keras.layers.Layer):
         self.routing_iterations = routing_iterations
         self.leaky_routing = bool(leaky_routing)
         self.use_bias = bool(use_bias)
+        self.vote_scale = float(vote_scale)
         self.jit_compile = jit_compile
         if inference_chunk_size is not None and (
             not isinstance(inference_chunk_size, int)
@@ -410,6 +432,8 @@ class CapsuleLayer(keras.layers.Layer):
     def _route(self, inputs, return_couplings, jit_compile):
         """Votes and routing for a batch of input capsules."""
         kernel = ops.cast(self.kernel, inputs.dtype)
+        if self.vote_scale != 1.0:
+            kernel = kernel * ops.cast(self.vote_scale, kernel.dtype)
         input_capsules, _, input_dim, _ = self.kernel.shape
         # votes[b, j, i] = u[b, i] @ kernel[i, j]: a batched matmul over i that
         # never tiles the kernel per example, written output-major for routing.
@@ -473,6 +497,7 @@ class CapsuleLayer(keras.layers.Layer):
             "routing_iterations": self.routing_iterations,
             "leaky_routing": self.leaky_routing,
             "use_bias": self.use_bias,
+            "vote_scale": self.vote_scale,
             "jit_compile": self.jit_compile,
             "inference_chunk_size": self.inference_chunk_size,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),

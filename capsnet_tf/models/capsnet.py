@@ -9,10 +9,12 @@ from capsnet_tf.layers.capsule_layer import CapsuleLayer
 from capsnet_tf.layers.length import Length
 from capsnet_tf.layers.mask import Mask
 from capsnet_tf.layers.primary_capsule import PrimaryCapsule
+from capsnet_tf.models.grid import MNIST_PRIMARY_CAPSULES, capsule_counts
 
 __all__ = ["CapsNet", "PRESETS"]
 
 _INITIALIZERS = ("official", "keras")
+_VOTE_SCALINGS = ("none", "capsule_count")
 
 # Named configurations, keras-hub style: constructor arguments plus metadata.
 PRESETS = {
@@ -107,6 +109,21 @@ class CapsNet(keras.Model):
             (and the `label` input); `False` gives a classifier only.
         official_primary_scaling: PrimaryCaps pre-activations divided by the
             number of capsule types, as in the official release.
+        vote_scaling: `"none"` (default: the paper's votes) or
+            `"capsule_count"`: the class capsules' votes scaled by
+            `min(1, num_classes / 10 * sqrt(1152 / primary capsules))`
+            (`CapsuleLayer`'s `vote_scale`), 1 for MNIST's 1,152 primary
+            capsules and 10 classes. `s_j` sums the votes of all primary
+            capsules with couplings near `1 / classes`, and one Adam step
+            moves every kernel entry by about the learning rate, early on in
+            the same direction for all of them, so the first steps move
+            `s_j` by an amount that grows with primary capsules / classes.
+            Unscaled, 48x48 RGB images (8,192 primary capsules, 3 classes)
+            take every class capsule to a length near 1 in the first step,
+            where the margin loss has almost no gradient, and the run stays
+            at chance. The square root (the size of a sum of independent
+            votes) learned faster than the step's linear growth in the
+            comparison of `docs/experiments.md`.
         initializer: `"keras"` (default: Glorot uniform / zeros; the capsule
             kernel truncated normal 0.1) or `"official"` (the official
             release's truncated normal 0.1, first convolution 0.05, biases 0.1).
@@ -157,11 +174,17 @@ class CapsNet(keras.Model):
         decoder_units=(512, 1024),
         reconstruction=True,
         official_primary_scaling=False,
+        vote_scaling="none",
         initializer="keras",
         num_targets=1,
         routing_jit_compile="training",
         **kwargs,
     ):
+        if vote_scaling not in _VOTE_SCALINGS:
+            raise ValueError(
+                f"`vote_scaling` must be one of {_VOTE_SCALINGS}. "
+                f"Received: vote_scaling={vote_scaling!r}"
+            )
         if initializer not in _INITIALIZERS:
             raise ValueError(
                 f"`initializer` must be one of {_INITIALIZERS}. "
@@ -235,6 +258,15 @@ class CapsNet(keras.Model):
             bias_initializer=primary_bias,
             name="primary_capsules",
         )
+        vote_scale = 1.0
+        if vote_scaling == "capsule_count":
+            primary_capsules = capsule_counts(
+                image_shape, stem_layers, conv_kernel_size, primary_capsule_types,
+                primary_kernel_size, primary_strides, padding,
+            )[3]
+            vote_scale = min(
+                1.0, num_classes / 10 * math.sqrt(MNIST_PRIMARY_CAPSULES / primary_capsules)
+            )
         capsule_kernel, capsule_bias = _initializers(initializer, 0.1)
         if initializer == "keras":
             capsule_kernel = None  # CapsuleLayer's own default
@@ -245,6 +277,7 @@ class CapsNet(keras.Model):
             leaky_routing=leaky_routing,
             kernel_initializer=capsule_kernel,
             bias_initializer=capsule_bias,
+            vote_scale=vote_scale,
             jit_compile=routing_jit_compile,
             # Under a mixed policy the votes and the routing stay float32: the
             # routing is memory-bound (its FLOPs are a few % of the model's),
@@ -307,6 +340,7 @@ class CapsNet(keras.Model):
         self.decoder_units = decoder_units
         self.reconstruction = reconstruction
         self.official_primary_scaling = official_primary_scaling
+        self.vote_scaling = vote_scaling
         self.initializer = initializer
         self.num_targets = num_targets
         self.routing_jit_compile = routing_jit_compile
@@ -379,6 +413,7 @@ class CapsNet(keras.Model):
             "decoder_units": self.decoder_units,
             "reconstruction": self.reconstruction,
             "official_primary_scaling": self.official_primary_scaling,
+            "vote_scaling": self.vote_scaling,
             "initializer": self.initializer,
             "num_targets": self.num_targets,
             "routing_jit_compile": self.routing_jit_compile,
