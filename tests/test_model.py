@@ -229,9 +229,9 @@ def test_one_adam_step_saturates_many_capsules_unless_the_votes_are_scaled():
         model = CapsNet(image_shape=(48, 48, 3), num_classes=3, vote_scaling=scaling,
                         reconstruction=False)
         compile_model(model, ExperimentConfig(reconstruction=False), steps_per_epoch=10)
-        before = model.predict(images, verbose=0)["length"].mean()
+        before = model.predict({"image": images}, verbose=0)["length"].mean()
         model.train_on_batch({"image": images}, {"length": labels})
-        lengths[scaling] = (before, model.predict(images, verbose=0)["length"].mean())
+        lengths[scaling] = (before, model.predict({"image": images}, verbose=0)["length"].mean())
     # From about 0.04 to above 0.99 with the paper's votes (where the squash's slope
     # d|v|/d|s| = 2|s| / (1 + |s|^2)^2 is below 0.002); scaled, they keep room to learn.
     assert lengths["none"][0] < 0.5 and lengths["none"][1] > 0.99, lengths
