@@ -41,7 +41,10 @@ one measurement; three were settled by the measurements of
 patches and of the unfolded inputs, where the executor's order decides
 between one and two; the backup's three copies on top of the step). The
 comparison with measured peaks (VmHWM) is in `benchmarks/memory/results.json`
-and `docs/experiments.md`: within 0.87-1.20 from MNIST to 128x128.
+and `docs/experiments.md`: within 0.87-1.20 from MNIST to 128x128 in one
+session, but 0.51-1.15 in a rerun of the same harness on the same machine
+(`results_rerun_night.json`), so the estimate is a lower bound until that is
+explained.
 Accelerators are not covered: there the activations live in device memory.
 """
 
