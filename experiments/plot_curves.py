@@ -6,6 +6,8 @@ Usage, from the repository root:
         --run="fast recipe, seed 0=benchmarks/convergence/fast_seed0/training_log.csv" \
         --run="official recipe=benchmarks/convergence/official/training_log.csv" \
         --output=docs/figures/error_against_time.png
+    python experiments/plot_curves.py --x_axis=epoch --run=... \
+        --output=docs/figures/error_against_epoch.png
 
 Each `--run` is `LABEL=PATH` (a `training_log.csv` that
 `experiments/mnist.py` wrote, with its `wall_seconds` column). The
@@ -26,6 +28,10 @@ _RUNS = flags.DEFINE_multi_string(
 )
 _OUTPUT = flags.DEFINE_string(
     "output", "docs/figures/error_against_time.png", "The PNG file to write."
+)
+_X_AXIS = flags.DEFINE_enum(
+    "x_axis", "hours", ["hours", "epoch"],
+    "Wall-clock hours, or epochs (for runs whose clocks are not speed figures).",
 )
 _TITLE = flags.DEFINE_string("title", None, "The figure's title (default: a generic one).")
 flags.mark_flag_as_required("run")
@@ -48,7 +54,8 @@ def main(argv):
 
     curves = [(label, read_training_log(path)) for label, path in map(parse_run, _RUNS.value)]
     try:
-        path = plot_error_against_time(curves, _OUTPUT.value, title=_TITLE.value)
+        path = plot_error_against_time(curves, _OUTPUT.value, title=_TITLE.value,
+                                       x_axis=_X_AXIS.value)
     except ValueError as error:
         sys.exit(f"error: {error}")
     print(path)

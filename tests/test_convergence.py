@@ -160,6 +160,23 @@ def test_error_against_time_figure_draws_each_run_and_names_a_bad_log(tmp_path):
                                 str(tmp_path / "bad.png"))
 
 
+def test_error_curve_takes_hours_or_one_based_epochs():
+    from capsnet_tf.figures.plots import error_curve
+
+    log = {"epoch": np.array([0, 1, 2]), "wall_seconds": np.array([1800.0, 3600.0, 9000.0]),
+           "val_length_accuracy": np.array([0.99, 0.995, 0.996])}
+    hours, error = error_curve("run", log)
+    np.testing.assert_allclose(hours, [0.5, 1.0, 2.5])
+    np.testing.assert_allclose(error, [1.0, 0.5, 0.4], atol=1e-9)
+    epochs, _ = error_curve("run", log, x_axis="epoch")
+    np.testing.assert_array_equal(epochs, [1, 2, 3])
+    with pytest.raises(ValueError, match="`epoch`"):
+        error_curve("old", {"wall_seconds": log["wall_seconds"],
+                            "val_length_accuracy": log["val_length_accuracy"]}, x_axis="epoch")
+    with pytest.raises(ValueError, match="Received: 'steps'"):
+        error_curve("run", log, x_axis="steps")
+
+
 def test_test_accuracy_column_prefers_the_test_set_beside_a_validation_split():
     from capsnet_tf.figures.plots import test_accuracy_column
 

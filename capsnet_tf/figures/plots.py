@@ -23,6 +23,7 @@ from capsnet_tf.figures.style import (
 
 __all__ = [
     "REFERENCE_ERRORS",
+    "error_curve",
     "plot_error_against_time",
     "test_accuracy_column",
     "plot_confusion_matrix",
@@ -488,39 +489,68 @@ def test_accuracy_column(log):
     return None
 
 
-def plot_error_against_time(curves, path, references=None, dpi=DPI, title=None):
-    """Test error against wall-clock time of one or more runs, with reference lines.
+# The x axes `plot_error_against_time` draws: (log column, axis label).
+ERROR_X_AXES = {
+    "hours": ("wall_seconds", "wall-clock time since the command started (hours)"),
+    "epoch": ("epoch", "epoch"),
+}
+
+
+def error_curve(label, log, x_axis="hours"):
+    """`(x, test error in %)` of one run's log, as `plot_error_against_time` draws it.
+
+    `x_axis="hours"` takes `wall_seconds` / 3600 (the run's clock at the end
+    of each epoch), `"epoch"` the 1-based epoch (the log's `epoch` column is
+    0-based, as Keras's `CSVLogger` writes it).
+
+    Raises:
+        ValueError: an unknown `x_axis`, or a log without that column or
+            without a test accuracy column.
+    """
+    if x_axis not in ERROR_X_AXES:
+        raise ValueError(f"`x_axis` must be one of {sorted(ERROR_X_AXES)}. Received: {x_axis!r}")
+    x_column = ERROR_X_AXES[x_axis][0]
+    column = test_accuracy_column(log)
+    if column is None or x_column not in log:
+        raise ValueError(
+            f"The log of {label!r} needs a `{x_column}` and a test accuracy column. "
+            f"Received: columns {sorted(log)}"
+        )
+    x = np.asarray(log[x_column], dtype=np.float64)
+    x = x / 3600.0 if x_axis == "hours" else x + 1.0
+    return x, 100.0 * (1.0 - np.asarray(log[column], dtype=np.float64))
+
+
+def plot_error_against_time(curves, path, references=None, dpi=DPI, title=None,
+                            x_axis="hours"):
+    """Test error against wall-clock time (or epochs) of one or more runs, with reference lines.
 
     Args:
         curves: `[(label, log), ...]`, each `log` a `read_training_log` dict
             with a `wall_seconds` column (the run's clock at the end of each
-            epoch) and a test accuracy (`test_accuracy_column`).
+            epoch; an `epoch` column for `x_axis="epoch"`) and a test accuracy
+            (`test_accuracy_column`).
         path: PNG file to write.
         references: `{label: error in %}` drawn as horizontal lines (None:
             `REFERENCE_ERRORS`).
         dpi: resolution; the PNG is `FIGURE_SIZES["error_against_time"] * dpi`.
         title: the figure's title (None: a default).
+        x_axis: `"hours"` (wall clock) or `"epoch"`; see `error_curve`. Epochs
+            compare runs whose clocks are not speed figures (shared cores).
 
     Returns:
         `path`.
 
     Raises:
-        ValueError: a log has no `wall_seconds` or no test accuracy column.
+        ValueError: see `error_curve`.
     """
     references = REFERENCE_ERRORS if references is None else references
+    points = [(label, *error_curve(label, log, x_axis)) for label, log in curves]
     figure = _figure("error_against_time")
     axis = figure.subplots()
     figure.subplots_adjust(left=0.1, right=0.97, top=0.9, bottom=0.12)
-    for label, log in curves:
-        column = test_accuracy_column(log)
-        if column is None or "wall_seconds" not in log:
-            raise ValueError(
-                f"The log of {label!r} needs a `wall_seconds` and a test accuracy column. "
-                f"Received: columns {sorted(log)}"
-            )
-        hours = np.asarray(log["wall_seconds"]) / 3600.0
-        error = 100.0 * (1.0 - np.asarray(log[column]))
-        axis.plot(hours, error, marker="o", markersize=4, label=label)
+    for label, x, error in points:
+        axis.plot(x, error, marker="o", markersize=4, label=label)
     for index, (label, error) in enumerate(references.items()):
         axis.axhline(error, color="0.4", linestyle=("--", ":", "-.")[index % 3], linewidth=1,
                      label=label)
@@ -529,9 +559,10 @@ def plot_error_against_time(curves, path, references=None, dpi=DPI, title=None):
     # matplotlib's default writes the minor ones as 6x10^-1.
     axis.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     axis.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    axis.set(xlabel="wall-clock time since the command started (hours)",
-             ylabel="MNIST test error (%, log scale)")
+    axis.set(xlabel=ERROR_X_AXES[x_axis][1], ylabel="MNIST test error (%, log scale)")
     axis.grid(alpha=0.3, which="both")
     axis.legend(fontsize=9)
-    axis.set_title(title or "Test error against wall-clock time (whole 10,000-image test set)")
+    default = ("Test error against wall-clock time" if x_axis == "hours"
+               else "Test error after each epoch")
+    axis.set_title(title or f"{default} (whole 10,000-image test set)")
     return _save(figure, path, dpi)
