@@ -56,12 +56,15 @@ def vm_hwm():
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def child(name, steps):
-    """Trains `CONFIGURATIONS[name]` for `steps` steps; prints its VmHWM as JSON."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def training_setup(name, steps):
+    """`CONFIGURATIONS[name]` built as `experiments/mnist.py` builds it, and one random batch.
+
+    Returns:
+        `(model, inputs, targets)`: the compiled model and the batch's input
+        and target dicts, in the structure `model.fit` and `train_on_batch` take.
+    """
     import keras
     import numpy as np
-    import tensorflow as tf
 
     from capsnet_tf.config import ExperimentConfig
     from capsnet_tf.training import build_model, compile_model
@@ -74,10 +77,18 @@ def child(name, steps):
     images = rng.random((batch, *shape), dtype=np.float32)
     labels = rng.integers(0, classes, batch).astype(np.int32)
     if config.reconstruction:
-        element = ({"image": images, "label": labels},
-                   {"length": labels, "reconstruction": images})
-    else:
-        element = ({"image": images}, {"length": labels})
+        return model, {"image": images, "label": labels}, {"length": labels,
+                                                            "reconstruction": images}
+    return model, {"image": images}, {"length": labels}
+
+
+def child(name, steps):
+    """Trains `CONFIGURATIONS[name]` for `steps` steps; prints its VmHWM as JSON."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    model, inputs, targets = training_setup(name, steps)
+    element = (inputs, targets)
     data = tf.data.Dataset.from_tensors(element).repeat()
     start = time.perf_counter()
     model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)

@@ -24,28 +24,14 @@ sys.path[:0] = [_HERE, os.path.dirname(os.path.dirname(_HERE))]
 
 
 def main(name, steps=4):
-    import keras
     import measure
-    import numpy as np
     import tensorflow as tf
-
-    from capsnet_tf.config import ExperimentConfig
-    from capsnet_tf.training import build_model, compile_model
 
     if name not in measure.CONFIGURATIONS:
         sys.exit(f"error: unknown configuration {name!r}; one of {sorted(measure.CONFIGURATIONS)}")
-    shape, classes, batch, overrides = measure.CONFIGURATIONS[name]
-    config = ExperimentConfig(batch_size=batch, **overrides)
-    keras.utils.set_random_seed(0)
-    model = compile_model(build_model(config, shape, classes), config, steps_per_epoch=steps)
-    rng = np.random.default_rng(0)
-    images = rng.random((batch, *shape), dtype=np.float32)
-    labels = rng.integers(0, classes, batch).astype(np.int32)
-    targets = {"length": labels}
-    if config.reconstruction:
-        targets["reconstruction"] = images
+    model, inputs, targets = measure.training_setup(name, steps)
     for _ in range(steps):
-        model.train_on_batch({"image": images, "label": labels}, targets)
+        model.train_on_batch(inputs, targets)
     peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
     estimate = measure.estimate(name)
     print(json.dumps({
