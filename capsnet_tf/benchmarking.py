@@ -14,6 +14,8 @@ import time
 
 import tensorflow as tf
 
+from capsnet_tf import cpu
+
 __all__ = [
     "alternate",
     "blocking",
@@ -173,12 +175,5 @@ def matmul_ceilings(size=MATMUL_SIZE):
 
 def cpu_instruction_sets():
     """The matmul-relevant instruction sets the CPU reports (Linux `/proc/cpuinfo`)."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-    try:
-        with open("/proc/cpuinfo") as file:
-            flags = next((line.split(":", 1)[1].split() for line in file
-                          if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return [name for name in wanted if name in flags]
+    return cpu.instruction_sets()
 

@@ -80,9 +80,19 @@ def test_invalid_arguments(kwargs, message):
 @pytest.mark.parametrize(
     "size, kernel_size, strides", [(12, 5, 2), (10, 4, 2), (20, 9, 2), (9, 3, 1), (11, 3, 3)]
 )
-@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
-def test_matmul_convolution_values_and_gradients_match_float64(size, kernel_size, strides, dtype):
-    """im2col + matmul equals the float64 convolution, values and both gradients."""
+@pytest.mark.parametrize(
+    "dtype, input_gradient",
+    [("float64", "autodiff"), ("float64", "backprop_input"), ("bfloat16", "autodiff"),
+     ("bfloat16", "backprop_input"), ("bfloat16", None)],
+)
+def test_matmul_convolution_values_and_gradients_match_float64(
+    size, kernel_size, strides, dtype, input_gradient
+):
+    """im2col + matmul equals the float64 convolution, values and both gradients.
+
+    Both forms of the input gradient run on every CPU (each is the default on
+    one kind), and so does the default the layer picks here (`None`).
+    """
     import tensorflow as tf
 
     from capsnet_tf.layers.primary_capsule import _valid_conv_as_matmul
@@ -102,7 +112,9 @@ def test_matmul_convolution_values_and_gradients_match_float64(size, kernel_size
         grads = tape.gradient(loss, [x, w])
         return [tf.cast(t, tf.float64).numpy() for t in (y, *grads)]
 
-    got = run(lambda x, w: _valid_conv_as_matmul(x, w, strides), inputs, kernel)
+    got = run(
+        lambda x, w: _valid_conv_as_matmul(x, w, strides, input_gradient), inputs, kernel
+    )
     want = run(lambda x, w: tf.nn.conv2d(x, w, strides, "VALID"), inputs64, kernel64)
     # The gradients again from the definition in NumPy float64 (the layer's
     # input gradient is TensorFlow's own backward-data convolution, so
@@ -132,3 +144,46 @@ def test_layer_takes_the_matmul_path_on_cpus_and_conv_for_same_padding():
 
     assert _matmul_conv_applies(tf.zeros((1, 20, 20, 4)), "valid")
     assert not _matmul_conv_applies(tf.zeros((1, 20, 20, 4)), "same")
+
+
+@pytest.mark.parametrize(
+    "dtype, amx, hand_written",
+    [("bfloat16", False, True), ("bfloat16", True, False), ("float32", False, False),
+     ("float32", True, False)],
+)
+def test_input_gradient_form_follows_dtype_and_cpu(monkeypatch, dtype, amx, hand_written):
+    """Conv2DBackpropInput's gradient only in bfloat16 without AMX (the faster form there)."""
+    import tensorflow as tf
+
+    from capsnet_tf import cpu
+    from capsnet_tf.layers import primary_capsule
+
+    calls = []
+    original = primary_capsule._conv_as_matmul_backprop_input
+
+    def recording(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(cpu, "has_amx", lambda: amx)
+    monkeypatch.setattr(primary_capsule, "_conv_as_matmul_backprop_input", recording)
+    inputs = tf.zeros((1, 12, 12, 2), dtype)
+    kernel = tf.zeros((5, 5, 2, 3), dtype)
+    out = primary_capsule._valid_conv_as_matmul(inputs, kernel, 2)
+    assert tuple(out.shape) == (1, 4, 4, 3)
+    assert bool(calls) == hand_written
+    with pytest.raises(ValueError, match="Received: input_gradient='fast'"):
+        primary_capsule._valid_conv_as_matmul(inputs, kernel, 2, "fast")
+
+
+def test_cpu_flags_are_read_from_proc_cpuinfo():
+    from capsnet_tf import cpu
+
+    found = cpu.instruction_sets()
+    assert set(found) <= set(cpu.MATMUL_INSTRUCTION_SETS)
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    assert cpu.has_amx() == (" amx_bf16" in flags)
+    assert ("avx512f" in found) == (" avx512f" in flags)

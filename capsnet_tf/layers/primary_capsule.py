@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from capsnet_tf import cpu
 from capsnet_tf.ops import squash
 
 __all__ = ["PrimaryCapsule"]
@@ -48,7 +49,7 @@ def _matmul_conv_applies(inputs, padding):
     )
 
 
-def _valid_conv_as_matmul(inputs, kernel, strides):
+def _valid_conv_as_matmul(inputs, kernel, strides, input_gradient=None):
     """`conv2d(inputs, kernel, strides, padding="valid")` as im2col and one matmul.
 
     The patches `[batch * out_h * out_w, k * k * channels]` are gathered with
@@ -60,17 +61,39 @@ def _valid_conv_as_matmul(inputs, kernel, strides):
     enough to materialise.
 
     Gradients: the kernel's is one matmul of the patches (transposed) and the
-    output gradient. The input's, by autodiff, is a matmul into patch
-    gradients as large as the patches, scattered back by the gather's
-    transpose and segment sum (a serial loop). In bfloat16, oneDNN's own
-    backward-data convolution (`Conv2DBackpropInput`) is faster than that
-    matmul and scatter, so `_bfloat16_conv_as_matmul` writes the gradient by
-    hand with it; in float32 that convolution is the slower of the two and
-    autodiff stays. `experiments/benchmark.py --sections=train` measures the
-    layer; docs/performance.md has the comparison.
+    output gradient. The input's has two forms, which win on different CPUs:
+
+    - `"autodiff"`: a matmul into patch gradients as large as the patches,
+      scattered back by the gather's transpose and segment sum. Used in
+      float32, and in bfloat16 on CPUs with AMX, whose bfloat16 matmul is
+      about three times its AVX-512 rate.
+    - `"backprop_input"`: oneDNN's own backward-data convolution
+      (`Conv2DBackpropInput`), written by hand with `tf.custom_gradient`. It
+      has no AMX kernel for this shape, so it is the faster form only in
+      bfloat16 on CPUs without AMX (AMD EPYC Zen 4).
+
+    `experiments/benchmark.py --sections=train` measures the layer;
+    docs/performance.md has both comparisons.
+
+    Args:
+        inputs: `[batch, height, width, channels]`, static spatial shape.
+        kernel: `[k, k, channels, filters]`.
+        strides: the stride (int).
+        input_gradient: `"autodiff"`, `"backprop_input"` or `None` (the
+            faster one for the dtype and this CPU).
     """
-    if inputs.dtype == tf.bfloat16:
-        return _bfloat16_conv_as_matmul(inputs, kernel, strides)
+    if input_gradient is None:
+        input_gradient = (
+            "backprop_input" if inputs.dtype == tf.bfloat16 and not cpu.has_amx()
+            else "autodiff"
+        )
+    if input_gradient == "backprop_input":
+        return _conv_as_matmul_backprop_input(inputs, kernel, strides)
+    if input_gradient != "autodiff":
+        raise ValueError(
+            '`input_gradient` must be "autodiff", "backprop_input" or None. '
+            f"Received: input_gradient={input_gradient!r}"
+        )
     patches, out_h, out_w = _patches(inputs, kernel.shape[0], strides)
     filters = kernel.shape[3]
     outputs = tf.matmul(patches, tf.reshape(kernel, (-1, filters)))
@@ -88,7 +111,7 @@ def _patches(inputs, kernel_size, strides):
     return patches, out_h, out_w
 
 
-def _bfloat16_conv_as_matmul(inputs, kernel, strides):
+def _conv_as_matmul_backprop_input(inputs, kernel, strides):
     """`_valid_conv_as_matmul` with the input gradient of `Conv2DBackpropInput`."""
 
     @tf.custom_gradient

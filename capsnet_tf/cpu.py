@@ -1,0 +1,40 @@
+"""What the CPU can do, as far as the choice of a kernel depends on it.
+
+The fastest form of a computation differs between the two kinds of x86 CPU
+this project is measured on: Intel Xeons with AMX (tile matrix units that run
+bfloat16 matmuls at two to three times the AVX-512 rate) and AMD EPYC Zen 4
+(AVX-512 BF16, no AMX). Layers that pick a form by CPU ask here, once.
+"""
+
+import functools
+
+__all__ = ["MATMUL_INSTRUCTION_SETS", "has_amx", "instruction_sets"]
+
+# The instruction sets that decide matmul and convolution speed, in the
+# order the benchmark reports them.
+MATMUL_INSTRUCTION_SETS = (
+    "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile",
+)
+
+
+@functools.cache
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def instruction_sets():
+    """`MATMUL_INSTRUCTION_SETS` the CPU reports (Linux `/proc/cpuinfo`; elsewhere none)."""
+    flags = _cpu_flags()
+    return [name for name in MATMUL_INSTRUCTION_SETS if name in flags]
+
+
+def has_amx():
+    """Whether the CPU has AMX bfloat16 tiles (`amx_bf16`), which oneDNN's matmul uses."""
+    return "amx_bf16" in _cpu_flags()
