@@ -31,6 +31,10 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))
 
+# --allocator=bfc: TensorFlow's BFC allocator in the measured processes
+# instead of its default CPU allocator (which experiments/mnist.py uses).
+_ALLOCATOR = "TF_CPU_ALLOCATOR_USE_BFC"
+
 # name: (image shape, classes, batch size, ExperimentConfig overrides)
 CONFIGURATIONS = {
     "mnist_28x28x1_b32": ((28, 28, 1), 10, 32, {}),
@@ -236,11 +240,16 @@ def main():
                         help="comma-separated SCRIPT_RUNS names (end-to-end runs), or 'all'")
     parser.add_argument("--reestimate", action="store_true",
                         help="recompute the estimates of the runs in --output, measuring nothing")
+    parser.add_argument("--allocator", choices=("default", "bfc"), default="default",
+                        help="TensorFlow's CPU allocator in the measured processes: its "
+                        "default (as experiments/mnist.py runs) or its BFC allocator")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--scratch", default="/tmp/capsnet_memory",
                         help="generated image folders and work directories of --script")
     parser.add_argument("--output", default=os.path.join(_HERE, "results.json"))
     args = parser.parse_args()
+    if not args.child:  # the children inherit it
+        os.environ[_ALLOCATOR] = "true" if args.allocator == "bfc" else "false"
     if args.child and args.child.startswith("script:"):
         print(json.dumps(run_script(args.child[len("script:"):], args.steps, args.scratch)))
         return
@@ -269,6 +278,7 @@ def main():
         print(f"{name}: measured {run['measured_vm_hwm_mib']:.0f} MiB, estimate "
               f"{run['estimate_mib']:.0f} MiB, ratio {run['estimate_over_measured']:.2f}")
     results["machine"] = {"processor": _cpu_model(), "python": platform.python_version()}
+    results["allocator"] = args.allocator
     with open(args.output, "w") as file:
         json.dump(results, file, indent=2, sort_keys=True)
 
