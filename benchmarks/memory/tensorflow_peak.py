@@ -3,7 +3,8 @@ r"""TensorFlow's own peak bytes in use beside VmHWM, for one `measure.py` config
 With `TF_CPU_ALLOCATOR_USE_BFC=true` TensorFlow's CPU allocator is its BFC
 allocator, whose `tf.config.experimental.get_memory_info("CPU:0")["peak"]`
 is the most bytes the step's tensors held at once. Against the estimate's
-tensor parts (its total less the `tensorflow` baseline) that separates the
+tensor parts (its total less the `tensorflow` baseline and the patch-sized
+block it counts outside the allocator) that separates the
 estimate's tensor count from what lies outside TensorFlow's allocator
 (VmHWM less that peak: the runtime, oneDNN's buffers, allocator slack).
 
@@ -23,6 +24,15 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(os.path.dirname(_HERE))]
 
 
+# Parts of the estimate that lie outside TensorFlow's allocator.
+OUTSIDE_ALLOCATOR = ("tensorflow", "primary_patch_slack")
+
+
+def tensor_estimate(estimate):
+    """The bytes of the estimate that TensorFlow's allocator holds: its tensors."""
+    return estimate.total - sum(estimate.parts.get(name, 0) for name in OUTSIDE_ALLOCATOR)
+
+
 def main(name, steps=4):
     import measure
     import tensorflow as tf
@@ -39,7 +49,7 @@ def main(name, steps=4):
         "vm_hwm_mib": round(measure.vm_hwm() / 2**20),
         "tensorflow_peak_mib": round(peak / 2**20),
         "estimate_mib": round(estimate.total / 2**20),
-        "estimate_tensors_mib": round((estimate.total - estimate.parts["tensorflow"]) / 2**20),
+        "estimate_tensors_mib": round(tensor_estimate(estimate) / 2**20),
     }))
 
 
