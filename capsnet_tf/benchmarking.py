@@ -14,8 +14,6 @@ import time
 
 import tensorflow as tf
 
-from capsnet_tf import cpu
-
 __all__ = [
     "alternate",
     "blocking",
@@ -24,7 +22,6 @@ __all__ = [
     "linear_fit",
     "model_flops_per_image",
     "peak_rss_gib",
-    "cpu_instruction_sets",
     "matmul_ceilings",
     "percentile",
     "primary_conv_flops",
@@ -171,9 +168,4 @@ def matmul_ceilings(size=MATMUL_SIZE):
         b = tf.Variable(tf.cast(tf.random.uniform((size, size), seed=5), dtype))
         functions[name] = tf.function(lambda a=a, b=b: tf.matmul(a, b))
     return functions, 2 * size**3
-
-
-def cpu_instruction_sets():
-    """The matmul-relevant instruction sets the CPU reports (Linux `/proc/cpuinfo`)."""
-    return cpu.instruction_sets()
 

@@ -50,7 +50,7 @@ from absl import app, flags
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))
 
-from capsnet_tf import benchmarking  # noqa: E402
+from capsnet_tf import benchmarking, cpu  # noqa: E402
 
 _SECTIONS = ("train", "inference", "pipeline", "scaling", "memory")
 _POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
@@ -469,7 +469,7 @@ def main(argv):
             "tensorflow": tf.__version__,
             "keras": keras.__version__,
             "devices": [d.name for d in tf.config.list_logical_devices()],
-            "instruction_sets": benchmarking.cpu_instruction_sets(),
+            "instruction_sets": cpu.instruction_sets(),
         },
         "settings": {
             "sections": [s for s in _SECTIONS if s in sections],

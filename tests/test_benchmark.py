@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from capsnet_tf import benchmarking
+from capsnet_tf import benchmarking, cpu
 from tests.conftest import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "experiments", "benchmark.py")
@@ -110,9 +110,11 @@ def test_instruction_sets_are_the_cpus_own_flags():
     with open("/proc/cpuinfo") as file:
         text = file.read()
     flags = set(text.split("flags", 1)[1].split("\n", 1)[0].split())
-    found = benchmarking.cpu_instruction_sets()
+    found = cpu.instruction_sets()
     assert found and all(name in flags for name in found)
+    assert set(found) <= set(cpu.MATMUL_INSTRUCTION_SETS)
     assert ("avx512f" in found) == ("avx512f" in flags)
+    assert cpu.has_amx() == ("amx_bf16" in flags)
 
 
 def test_unknown_section_is_refused(tmp_path):

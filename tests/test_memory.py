@@ -52,7 +52,7 @@ def test_tensor_count_is_within_a_quarter_of_tensorflows_own_peak():
 
     48x48x3 at batch 16 runs PrimaryCaps as im2col with 8,192 primary
     capsules, so its patches and their gradients are most of the step: a
-    count without the patch gradients (0.63 of the peak) fails here.
+    count without the patch gradients (0.64 of the peak) fails here.
     """
     script = os.path.join(REPO_ROOT, "benchmarks", "memory", "tensorflow_peak.py")
     result = subprocess.run(

@@ -175,15 +175,3 @@ def test_input_gradient_form_follows_dtype_and_cpu(monkeypatch, dtype, amx, hand
     with pytest.raises(ValueError, match="Received: input_gradient='fast'"):
         primary_capsule._valid_conv_as_matmul(inputs, kernel, 2, "fast")
 
-
-def test_cpu_flags_are_read_from_proc_cpuinfo():
-    from capsnet_tf import cpu
-
-    found = cpu.instruction_sets()
-    assert set(found) <= set(cpu.MATMUL_INSTRUCTION_SETS)
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        pytest.skip("no /proc/cpuinfo")
-    assert cpu.has_amx() == (" amx_bf16" in flags)
-    assert ("avx512f" in found) == (" avx512f" in flags)
