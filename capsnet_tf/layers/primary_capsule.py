@@ -22,17 +22,33 @@ def _conv_output_length(length, kernel_size, strides, padding):
 def _patch_indices(height, width, kernel_size, strides):
     """Flat input positions `y * width + x` of every (output position, kernel tap).
 
-    Ordered output row, output column, kernel row, kernel column, so that the
-    gathered patches of one output position line up with the rows of the
-    kernel reshaped to `[k * k * channels, filters]`.
+    Ordered output column, output row, kernel row, kernel column: the kernel
+    taps of one output position line up with the rows of the kernel reshaped
+    to `[k * k * channels, filters]`, and the output positions run down the
+    columns so that the patches' gradient folds back with one matmul per axis
+    (`_col2im`).
     """
     out_h = (height - kernel_size) // strides + 1
     out_w = (width - kernel_size) // strides + 1
-    oy, ox, ky, kx = np.meshgrid(
-        np.arange(out_h), np.arange(out_w), np.arange(kernel_size), np.arange(kernel_size),
+    ox, oy, ky, kx = np.meshgrid(
+        np.arange(out_w), np.arange(out_h), np.arange(kernel_size), np.arange(kernel_size),
         indexing="ij",
     )
     return ((strides * oy + ky) * width + (strides * ox + kx)).reshape(-1).astype(np.int32)
+
+
+def _fold_matrix(length, kernel_size, strides):
+    """0/1 `[length, out * k]`: entry `(i, o * k + t)` is 1 where `strides * o + t == i`.
+
+    Multiplying patch gradients laid out `(output position, kernel tap)` along
+    one axis by it sums every tap back onto the input position it was read
+    from: col2im along that axis.
+    """
+    out = (length - kernel_size) // strides + 1
+    fold = np.zeros((length, out * kernel_size), np.float32)
+    for o in range(out):
+        fold[strides * o + np.arange(kernel_size), o * kernel_size + np.arange(kernel_size)] = 1
+    return fold
 
 
 def _matmul_conv_applies(inputs, padding):
@@ -52,7 +68,7 @@ def _matmul_conv_applies(inputs, padding):
 def _valid_conv_as_matmul(inputs, kernel, strides, input_gradient=None):
     """`conv2d(inputs, kernel, strides, padding="valid")` as im2col and one matmul.
 
-    The patches `[batch * out_h * out_w, k * k * channels]` are gathered with
+    The patches `[batch * out_w * out_h, k * k * channels]` are gathered with
     one `tf.gather` over the flattened positions and multiplied by the kernel
     `[k * k * channels, filters]`. oneDNN runs these matrix shapes close to its
     peak matmul rate, well above its strided convolution kernels on CPUs; the
@@ -63,8 +79,8 @@ def _valid_conv_as_matmul(inputs, kernel, strides, input_gradient=None):
     Gradients: the kernel's is one matmul of the patches (transposed) and the
     output gradient. The input's has two forms, which win on different CPUs:
 
-    - `"autodiff"`: a matmul into patch gradients as large as the patches,
-      scattered back by the gather's transpose and segment sum. Used in
+    - `"col2im"`: a matmul into patch gradients as large as the patches,
+      folded back onto the input by `_col2im` (two 0/1 matmuls). Used in
       float32, and in bfloat16 on CPUs with AMX, whose bfloat16 matmul is
       about three times its AVX-512 rate.
     - `"backprop_input"`: oneDNN's own backward-data convolution
@@ -79,36 +95,81 @@ def _valid_conv_as_matmul(inputs, kernel, strides, input_gradient=None):
         inputs: `[batch, height, width, channels]`, static spatial shape.
         kernel: `[k, k, channels, filters]`.
         strides: the stride (int).
-        input_gradient: `"autodiff"`, `"backprop_input"` or `None` (the
+        input_gradient: `"col2im"`, `"backprop_input"` or `None` (the
             faster one for the dtype and this CPU).
     """
     if input_gradient is None:
         input_gradient = (
             "backprop_input" if inputs.dtype == tf.bfloat16 and not cpu.has_amx()
-            else "autodiff"
+            else "col2im"
         )
     if input_gradient == "backprop_input":
         return _conv_as_matmul_backprop_input(inputs, kernel, strides)
-    if input_gradient != "autodiff":
+    if input_gradient != "col2im":
         raise ValueError(
-            '`input_gradient` must be "autodiff", "backprop_input" or None. '
+            '`input_gradient` must be "col2im", "backprop_input" or None. '
             f"Received: input_gradient={input_gradient!r}"
         )
     patches, out_h, out_w = _patches(inputs, kernel.shape[0], strides)
-    filters = kernel.shape[3]
-    outputs = tf.matmul(patches, tf.reshape(kernel, (-1, filters)))
-    return tf.reshape(outputs, (-1, out_h, out_w, filters))
+    outputs = tf.matmul(patches, tf.reshape(kernel, (-1, kernel.shape[3])))
+    return _matmul_outputs(outputs, out_h, out_w)
 
 
 def _patches(inputs, kernel_size, strides):
-    """im2col: `[batch * out_h * out_w, k * k * channels]`, out_h, out_w."""
+    """im2col: `[batch * out_w * out_h, k * k * channels]`, out_h, out_w.
+
+    The rows run output column-major (`_patch_indices`); `_matmul_outputs`
+    puts the product back in `[batch, out_h, out_w, filters]`. The gradient
+    is `_col2im`: autodiff's transpose of the gather is an unsorted segment
+    sum and a transpose, almost three times as slow on CPUs.
+    """
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
     out_h = (height - kernel_size) // strides + 1
     out_w = (width - kernel_size) // strides + 1
-    flat = tf.reshape(inputs, (-1, height * width, channels))
-    patches = tf.gather(flat, _patch_indices(height, width, kernel_size, strides), axis=1)
-    patches = tf.reshape(patches, (-1, kernel_size * kernel_size * channels))
-    return patches, out_h, out_w
+    indices = _patch_indices(height, width, kernel_size, strides)
+
+    @tf.custom_gradient
+    def im2col(inputs):
+        flat = tf.reshape(inputs, (-1, height * width, channels))
+        patches = tf.reshape(
+            tf.gather(flat, indices, axis=1), (-1, kernel_size * kernel_size * channels)
+        )
+
+        def grad(upstream):
+            return _col2im(upstream, height, width, kernel_size, strides)
+
+        return patches, grad
+
+    return im2col(inputs), out_h, out_w
+
+
+def _col2im(patch_grads, height, width, kernel_size, strides):
+    """The transpose of `_patches`: `[batch, height, width, channels]`.
+
+    Separable: the taps are first summed onto input rows, one matmul of the
+    `_fold_matrix` of the height broadcast over (batch, output column), then,
+    after one transpose, onto input columns. Both matmuls read their operand
+    in place, so the only copy is the transpose of the row-folded gradients
+    (`out_w * height * k` per channel, 0.37 of the patches for PrimaryCaps).
+    """
+    k = kernel_size
+    channels = patch_grads.shape[-1] // (k * k)
+    out_h = (height - k) // strides + 1
+    out_w = (width - k) // strides + 1
+    rows = tf.constant(_fold_matrix(height, k, strides), patch_grads.dtype)
+    cols = tf.constant(_fold_matrix(width, k, strides), patch_grads.dtype)
+    # [b * out_w, (out_h, ky), (kx, c)] -> [b * out_w, y, (kx, c)]
+    grads = tf.matmul(rows, tf.reshape(patch_grads, (-1, out_h * k, k * channels)))
+    # -> [b, y, out_w, kx, c] -> [b * y, (out_w, kx), c] -> [b * y, x, c]
+    grads = tf.transpose(tf.reshape(grads, (-1, out_w, height, k, channels)), (0, 2, 1, 3, 4))
+    grads = tf.matmul(cols, tf.reshape(grads, (-1, out_w * k, channels)))
+    return tf.reshape(grads, (-1, height, width, channels))
+
+
+def _matmul_outputs(rows, out_h, out_w):
+    """`[batch * out_w * out_h, filters]` (the patches' row order) to NHWC."""
+    rows = tf.reshape(rows, (-1, out_w, out_h, rows.shape[-1]))
+    return tf.transpose(rows, (0, 2, 1, 3))
 
 
 def _conv_as_matmul_backprop_input(inputs, kernel, strides):
@@ -121,9 +182,9 @@ def _conv_as_matmul_backprop_input(inputs, kernel, strides):
         outputs = tf.matmul(patches, tf.reshape(kernel, (-1, filters)))
 
         def grad(upstream):
-            kernel_grad = tf.matmul(
-                patches, tf.reshape(upstream, (-1, filters)), transpose_a=True
-            )
+            # The upstream rows in the patches' (column-major) order.
+            rows = tf.reshape(tf.transpose(upstream, (0, 2, 1, 3)), (-1, filters))
+            kernel_grad = tf.matmul(patches, rows, transpose_a=True)
             input_grad = tf.raw_ops.Conv2DBackpropInput(
                 input_sizes=tf.shape(inputs),
                 filter=kernel,
@@ -133,7 +194,7 @@ def _conv_as_matmul_backprop_input(inputs, kernel, strides):
             )
             return input_grad, tf.reshape(kernel_grad, tf.shape(kernel))
 
-        return tf.reshape(outputs, (-1, out_h, out_w, filters)), grad
+        return _matmul_outputs(outputs, out_h, out_w), grad
 
     return conv(inputs, kernel)
 
