@@ -22,9 +22,10 @@ What is counted (float32, 4 bytes a value; the batch's share is per example):
   (`capsnet_tf.layers.primary_capsule`: `positions x 9 x 9 x 256`, saved for
   the kernel's gradient: 1) and their gradient (1: in float32, which this
   estimate counts, the input's gradient is a matmul into patch-sized
-  gradients that a segment sum folds back; only bfloat16 without AMX takes a
-  backward convolution that makes none), the primary poses (4: convolution
-  output, transposed, squashed, gradient), the votes (4: the product's
+  gradients that two fold matmuls sum back, `_col2im`, through one
+  intermediate 0.37 of the patches' size, counted too; only bfloat16 without
+  AMX takes a backward convolution that makes none), the primary poses (4:
+  convolution output, transposed, squashed, gradient), the votes (4: the product's
   output, its output-major transpose, and both gradients), the routing's
   logits, couplings and agreements of every iteration (3, with gradients 6)
   and the decoder's layers (2);
@@ -38,16 +39,16 @@ What is counted (float32, 4 bytes a value; the batch's share is per example):
   the estimate of those tensors (`benchmarks/memory/measure.py --baseline`).
 
 The counts are what the layers' code materialises, not factors fitted to
-one measurement; four were settled by the measurements of
+one measurement; three were settled by the measurements of
 `benchmarks/memory/measure.py` across eleven configurations (one copy of the
 patches and of the unfolded inputs, where the executor's order decides
-between one and two; one patch-sized block beyond TensorFlow's own peak; the
-backup's three copies on top of the step). The comparison with measured
-peaks (VmHWM) is in `benchmarks/memory/results.json` and
-`docs/experiments.md`: 0.91-1.19 from MNIST to 128x128, and 0.93-1.10 for
-`experiments/mnist.py` itself (2-core Intel Xeon, 2026-12-02). Before the
-patch gradients and that block were counted, reruns measured peaks far above
-the estimate (`results_rerun_night.json`: 0.51-1.15).
+between one and two; the backup's three copies on top of the step). The
+comparison with measured peaks (VmHWM) is in `benchmarks/memory/results.json`
+and `docs/experiments.md`: 0.90-1.24 from MNIST to 128x128 over two passes,
+and 0.97-1.10 for `experiments/mnist.py` itself (2-core Intel Xeon,
+2026-12-02). Before `_col2im`, the segment sum that folded the patch
+gradients back held one more patch-sized block, which the estimate then
+counted (`results_segment_sum.json`).
 All counts are float32; a mixed bfloat16 run holds less.
 Accelerators are not covered: there the activations live in device memory.
 """
@@ -218,13 +219,11 @@ def estimate_training_memory(
         "convolution_unfolding": workspace,
         "primary_patches": patches if primary_im2col else 0,
         "primary_patch_gradients": patches if primary_im2col else 0,
-        # Beyond the tensors: with the counts above matching TensorFlow's own
-        # peak bytes in use within 10%, the resident peak (VmHWM) still held
-        # about one more patch-sized block beyond the baseline (0.5-1.0 of
-        # the patches from MNIST to 128x128; benchmarks/memory/
-        # tensorflow_peak.py). Settled by measurement; its source is not
-        # identified (not oneDNN: TF_ENABLE_ONEDNN_OPTS=0 leaves it as is).
-        "primary_patch_slack": patches if primary_im2col else 0,
+        # `_col2im`'s first fold, `[batch * out_w, height, k * channels]`:
+        # it and the patch gradients it reads are held at once.
+        "primary_patch_fold": (
+            grid[1] * conv[0] * primary_kernel_size * conv_filters if primary_im2col else 0
+        ),
         "primary_poses": 4 * primary * primary_capsule_dim,
         "votes": 4 * votes,
         "routing": 6 * routing,

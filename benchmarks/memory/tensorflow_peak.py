@@ -3,8 +3,7 @@ r"""TensorFlow's own peak bytes in use beside VmHWM, for one `measure.py` config
 With `TF_CPU_ALLOCATOR_USE_BFC=true` TensorFlow's CPU allocator is its BFC
 allocator, whose `tf.config.experimental.get_memory_info("CPU:0")["peak"]`
 is the most bytes the step's tensors held at once. Against the estimate's
-tensor parts (its total less the `tensorflow` baseline and the patch-sized
-block it counts outside the allocator) that separates the
+tensor parts (its total less the `tensorflow` baseline) that separates the
 estimate's tensor count from what lies outside TensorFlow's allocator
 (VmHWM less that peak: the runtime, oneDNN's buffers, allocator slack).
 
@@ -25,7 +24,7 @@ sys.path[:0] = [_HERE, os.path.dirname(os.path.dirname(_HERE))]
 
 
 # Parts of the estimate that lie outside TensorFlow's allocator.
-OUTSIDE_ALLOCATOR = ("tensorflow", "primary_patch_slack")
+OUTSIDE_ALLOCATOR = ("tensorflow",)
 
 
 def tensor_estimate(estimate):
