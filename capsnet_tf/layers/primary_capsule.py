@@ -120,8 +120,9 @@ def _patches(inputs, kernel_size, strides):
 
     The rows run output column-major (`_patch_indices`); `_matmul_outputs`
     puts the product back in `[batch, out_h, out_w, filters]`. The gradient
-    is `_col2im`: autodiff's transpose of the gather is an unsorted segment
-    sum and a transpose, almost three times as slow on CPUs.
+    is `_col2im`, in place of autodiff's transpose of the gather (a transpose
+    and an unsorted segment sum, a serial scatter on CPUs; docs/performance.md
+    compares the two).
     """
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
     out_h = (height - kernel_size) // strides + 1
