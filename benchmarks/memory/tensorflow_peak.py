@@ -23,15 +23,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(os.path.dirname(_HERE))]
 
 
-# Parts of the estimate that lie outside TensorFlow's allocator.
-OUTSIDE_ALLOCATOR = ("tensorflow",)
-
-
-def tensor_estimate(estimate):
-    """The bytes of the estimate that TensorFlow's allocator holds: its tensors."""
-    return estimate.total - sum(estimate.parts.get(name, 0) for name in OUTSIDE_ALLOCATOR)
-
-
 def main(name, steps=4):
     import measure
     import tensorflow as tf
@@ -48,7 +39,7 @@ def main(name, steps=4):
         "vm_hwm_mib": round(measure.vm_hwm() / 2**20),
         "tensorflow_peak_mib": round(peak / 2**20),
         "estimate_mib": round(estimate.total / 2**20),
-        "estimate_tensors_mib": round(tensor_estimate(estimate) / 2**20),
+        "estimate_tensors_mib": round((estimate.total - estimate.parts["tensorflow"]) / 2**20),
     }))
 
 

@@ -28,8 +28,8 @@ def _patch_indices(height, width, kernel_size, strides):
     columns so that the patches' gradient folds back with one matmul per axis
     (`_col2im`).
     """
-    out_h = (height - kernel_size) // strides + 1
-    out_w = (width - kernel_size) // strides + 1
+    out_h = _conv_output_length(height, kernel_size, strides, "valid")
+    out_w = _conv_output_length(width, kernel_size, strides, "valid")
     ox, oy, ky, kx = np.meshgrid(
         np.arange(out_w), np.arange(out_h), np.arange(kernel_size), np.arange(kernel_size),
         indexing="ij",
@@ -44,7 +44,7 @@ def _fold_matrix(length, kernel_size, strides):
     one axis by it sums every tap back onto the input position it was read
     from: col2im along that axis.
     """
-    out = (length - kernel_size) // strides + 1
+    out = _conv_output_length(length, kernel_size, strides, "valid")
     fold = np.zeros((length, out * kernel_size), np.float32)
     for o in range(out):
         fold[strides * o + np.arange(kernel_size), o * kernel_size + np.arange(kernel_size)] = 1
@@ -125,8 +125,8 @@ def _patches(inputs, kernel_size, strides):
     compares the two).
     """
     height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
-    out_h = (height - kernel_size) // strides + 1
-    out_w = (width - kernel_size) // strides + 1
+    out_h = _conv_output_length(height, kernel_size, strides, "valid")
+    out_w = _conv_output_length(width, kernel_size, strides, "valid")
     indices = _patch_indices(height, width, kernel_size, strides)
 
     @tf.custom_gradient
@@ -155,8 +155,8 @@ def _col2im(patch_grads, height, width, kernel_size, strides):
     """
     k = kernel_size
     channels = patch_grads.shape[-1] // (k * k)
-    out_h = (height - k) // strides + 1
-    out_w = (width - k) // strides + 1
+    out_h = _conv_output_length(height, k, strides, "valid")
+    out_w = _conv_output_length(width, k, strides, "valid")
     rows = tf.constant(_fold_matrix(height, k, strides), patch_grads.dtype)
     cols = tf.constant(_fold_matrix(width, k, strides), patch_grads.dtype)
     # [b * out_w, (out_h, ky), (kx, c)] -> [b * out_w, y, (kx, c)]
