@@ -109,6 +109,12 @@ class ExperimentConfig:
         kind="string",
     )
     shift: int = option(2, "Maximum random shift of training images, pixels.", lower=0)
+    unshifted_final_epochs: int = option(
+        0,
+        "Train the last N epochs on unshifted images (the test set's distribution) instead of "
+        "shifting them by up to --shift pixels; 0: shift every epoch (the official runs).",
+        lower=0,
+    )
     train_examples: int | None = option(
         None, "Train on the first N training examples only.", lower=1, kind="integer"
     )
@@ -293,6 +299,11 @@ class ExperimentConfig:
             raise ValueError(
                 "`warmup_epochs` must be less than `epochs`. "
                 f"Received: warmup_epochs={self.warmup_epochs}, epochs={self.epochs}"
+            )
+        if self.unshifted_final_epochs > self.epochs:
+            raise ValueError(
+                "`unshifted_final_epochs` must be at most `epochs`. Received: "
+                f"unshifted_final_epochs={self.unshifted_final_epochs}, epochs={self.epochs}"
             )
         if self.target_accuracy is not None and self.target_accuracy == 0:
             raise ValueError("`target_accuracy` must be in (0, 1] (0.995 for 99.5%). Received: 0")

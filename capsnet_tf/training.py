@@ -233,6 +233,24 @@ def _load_split(config, split, name=None, reconstruction=None):
     )
 
 
+def _training_stream(config, train_data, resume_step):
+    """`fit`'s endless training stream from batch `resume_step` on.
+
+    The last `config.unshifted_final_epochs` epochs read the same training
+    images unshifted (see `resumable_training_data`).
+    """
+    unshifted = None
+    if config.unshifted_final_epochs and config.shift:
+        unshifted, _ = _load_split(dataclasses.replace(config, shift=0), "train")
+        unshifted = shard_by_data(unshifted)
+    return resumable_training_data(
+        train_data,
+        resume_step,
+        final=unshifted,
+        epochs_before_final=config.epochs - config.unshifted_final_epochs,
+    )
+
+
 def image_source(config):
     """The `load_experiment_data` arguments of a run on a folder or another TFDS set."""
     return {
@@ -426,7 +444,7 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
     start = time.perf_counter()
     try:
         history = model.fit(
-            resumable_training_data(train_data, resume_step),
+            _training_stream(config, train_data, resume_step),
             epochs=config.epochs,
             steps_per_epoch=steps_per_epoch,
             # The official runs validate on the test set; with a validation split

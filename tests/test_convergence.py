@@ -1,6 +1,7 @@
 """Time to accuracy: the validation split, the stop at a target, the cosine schedule, the clock."""
 
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -186,3 +187,41 @@ def test_test_accuracy_column_prefers_the_test_set_beside_a_validation_split():
     assert test_accuracy_column({"val_length_accuracy": 1}) == "val_length_accuracy"
     assert test_accuracy_column({"val_accuracy": 1}) == "val_accuracy"
     assert test_accuracy_column({"loss": 1}) is None
+
+
+def test_unshifted_final_epochs_train_on_the_same_images_unshifted_and_resume(tfds_data_dir):
+    from capsnet_tf.data import load_tfds_split
+    from capsnet_tf.training import _load_split, _training_stream
+
+    raw, _ = load_tfds_split("mnist", "train[:32]")
+    raw = sorted(
+        hashlib.sha1((image.astype(np.float32) / 255.0).tobytes()).hexdigest()
+        for image, _ in raw.as_numpy_iterator()
+    )
+
+    def epochs_of(config, resume_step=0):
+        train, _ = _load_split(config, "train")
+        stream = _training_stream(config, train, resume_step).take(12 - resume_step)
+        found = digests(stream)
+        return [found[start:start + 32] for start in range(0, len(found), 32)], found
+
+    config = ExperimentConfig(
+        train_examples=32, batch_size=8, shift=2, epochs=3, unshifted_final_epochs=1
+    )
+    (first, second, last), stream = epochs_of(config)
+    # The last epoch is the 32 training images, each once, as they are.
+    assert sorted(last) == raw
+    # The first two are shifted: a shift of (0, 0) has probability 1/25 per image.
+    for epoch in (first, second):
+        assert len(set(epoch) & set(raw)) < 8
+    # Resumed inside the unshifted epoch, the stream continues with the same batches.
+    _, resumed = epochs_of(config, resume_step=9)
+    assert resumed == stream[9 * 8:]
+    # Without the option every epoch is shifted.
+    (*_, shifted_last), _ = epochs_of(dataclasses.replace(config, unshifted_final_epochs=0))
+    assert len(set(shifted_last) & set(raw)) < 8
+
+
+def test_unshifted_final_epochs_are_at_most_the_epochs():
+    with pytest.raises(ValueError, match="unshifted_final_epochs.*Received"):
+        ExperimentConfig(epochs=2, unshifted_final_epochs=3).validate()

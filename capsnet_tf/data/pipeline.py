@@ -204,7 +204,7 @@ def make_dataset(
     return dataset, info
 
 
-def resumable_training_data(dataset, global_step=0):
+def resumable_training_data(dataset, global_step=0, final=None, epochs_before_final=0):
     """The training batches of every epoch in one stream, from batch `global_step` on.
 
     `dataset` is one epoch of a training pipeline whose shuffle order and
@@ -224,13 +224,25 @@ def resumable_training_data(dataset, global_step=0):
     Args:
         dataset: a finite, batched training `tf.data.Dataset` (one epoch).
         global_step: optimizer steps already done.
+        final: another pipeline of one epoch with as many batches (e.g. the
+            same images unshifted) that replaces `dataset` after
+            `epochs_before_final` passes; None: `dataset` throughout.
+        epochs_before_final: passes of `dataset` before `final` takes over.
 
     Returns:
         An endless dataset; pass `steps_per_epoch` to `fit`.
     """
     if global_step < 0:
         raise ValueError(f"`global_step` must be >= 0. Received: global_step={global_step}")
-    stream = dataset.repeat()
+    if epochs_before_final < 0:
+        raise ValueError(
+            "`epochs_before_final` must be >= 0. "
+            f"Received: epochs_before_final={epochs_before_final}"
+        )
+    if final is None:
+        stream = dataset.repeat()
+    else:
+        stream = dataset.repeat(epochs_before_final).concatenate(final.repeat())
     return stream.skip(global_step) if global_step else stream
 
 
