@@ -159,6 +159,15 @@ class ExperimentConfig:
         1e-6, "Floor of the learning rate (the cosine's end).", lower=0.0,
         flag="min_learning_rate",
     )
+    ema_momentum: float = option(
+        0.0,
+        "Evaluate, checkpoint and export an exponential moving average of the weights, "
+        "updated every step with this momentum (0.999: about the last 1,000 steps), while "
+        "training the weights themselves (Keras's use_ema); 0: the weights as trained (the "
+        "official runs).",
+        lower=0.0,
+        upper=0.99999,
+    )
     target_accuracy: float | None = option(
         None,
         "Stop at the first epoch whose test accuracy reaches this (e.g. 0.995) and record the "

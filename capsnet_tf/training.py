@@ -20,6 +20,7 @@ import time
 import keras
 
 from capsnet_tf.callbacks import (
+    AveragedWeights,
     DivergenceGuard,
     EpochTimer,
     GracefulStop,
@@ -148,7 +149,12 @@ def compile_model(model, config, num_targets=1, steps_per_epoch=None):
             }
     # epsilon 1e-8: TensorFlow 1's AdamOptimizer default, used by the official release.
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=schedule, epsilon=1e-8),
+        optimizer=keras.optimizers.Adam(
+            learning_rate=schedule,
+            epsilon=1e-8,
+            use_ema=config.ema_momentum > 0,
+            ema_momentum=config.ema_momentum or 0.99,  # Keras checks it even when unused
+        ),
         loss=loss,
         loss_weights=loss_weights,
         metrics=metrics,
@@ -267,13 +273,18 @@ def _baseline_targets(dataset):
                                                 {"logits": targets["length"]}))
 
 
-def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=False):
+def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=False,
+                    validation_data=None):
     """Checkpointing, logging, progress and safety callbacks of a training run.
 
     `test_data` is evaluated every epoch beside a validation split
     (`config.validation_examples`); `start_time` starts the run's clock.
     Under a multi-worker strategy (`multi_worker`) a signal stops training
-    without a new backup (see `GracefulStop`).
+    without a new backup (see `GracefulStop`). With `config.ema_momentum`
+    the validation, the test set, the checkpoints and the reconstruction
+    images see the averaged weights (`AveragedWeights`), and
+    `validation_data` is evaluated with the trained weights too
+    (`val_trained_*`), so that a log shows what the averaging changed.
     """
     checkpoints = os.path.join(workdir, "checkpoints")
     os.makedirs(checkpoints, exist_ok=True)
@@ -289,10 +300,13 @@ def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=F
         csv_log=csv_log,
     )
     clock = WallClock(start_time, csv_log)
-    progress = [clock]
+    averaged = AveragedWeights()
+    progress = [averaged, clock]
+    if config.ema_momentum and validation_data is not None:
+        progress.insert(0, TestSetEvaluation(validation_data, prefix="val_trained_"))
     test_monitor = monitor
     if config.validation_examples:
-        progress.insert(0, TestSetEvaluation(test_data))  # before the clock reads the time
+        progress.insert(-1, TestSetEvaluation(test_data))  # before the clock reads the time
         test_monitor = "test_" + accuracy_key(config)
     if config.target_accuracy is not None:
         record = os.path.join(workdir, "time_to_target.json")
@@ -340,6 +354,8 @@ def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=F
                 max_images=16,
             )
         )
+    # The trained weights back in the model before the backup (see `AveragedWeights`).
+    callbacks.append(averaged.restore)
     callbacks.append(backup)
     # After the backup: at an epoch end it stops once that epoch is saved.
     callbacks.append(GracefulStop(backup, save=not multi_worker))
@@ -435,7 +451,8 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
     with open(os.path.join(workdir, "model.json"), "w") as file:
         json.dump(model.get_config(), file, indent=2)
     callbacks = _make_callbacks(
-        config, workdir, spec, test_data, start_time, multi_worker=is_multi_worker(strategy)
+        config, workdir, spec, test_data, start_time, multi_worker=is_multi_worker(strategy),
+        validation_data=validation_data,
     )
     backup = next(c for c in callbacks if isinstance(c, TrainingStateBackup))
     # The batches the interrupted run would have read next (see `resumable_training_data`).

@@ -32,9 +32,12 @@ Files written by Keras (`model.save_weights`, `ModelCheckpoint`,
 Modules: `saving` (`TrainingStateBackup`, `WeightsCheckpoint`), `divergence`
 (`DivergenceGuard`), `interrupt` (`GracefulStop`: SIGTERM and Ctrl-C save
 the state and end `fit` with `TrainingInterrupted`), `progress` (speed, wall
-clock, test curve, time to a target accuracy), `images` (`ReconstructionImages` for TensorBoard).
+clock, test curve, time to a target accuracy), `images` (`ReconstructionImages` for TensorBoard),
+`averaging` (`AveragedWeights`: evaluate and save the optimizer's moving average of the
+weights).
 """
 
+from capsnet_tf.callbacks.averaging import AveragedWeights, uses_weight_averaging
 from capsnet_tf.callbacks.divergence import DivergenceGuard, TrainingDivergedError, diverged_error
 from capsnet_tf.callbacks.images import ReconstructionImages
 from capsnet_tf.callbacks.interrupt import GracefulStop, TrainingInterrupted
@@ -51,6 +54,7 @@ from capsnet_tf.checkpoints import (
 )
 
 __all__ = [
+    "AveragedWeights",
     "CheckpointError",
     "CheckpointWriteError",
     "DivergenceGuard",
@@ -69,5 +73,6 @@ __all__ = [
     "read_checkpoint_metadata",
     "remove_stale_temporaries",
     "save_weights_atomically",
+    "uses_weight_averaging",
     "weights_fingerprint",
 ]

@@ -102,13 +102,17 @@ class TestSetEvaluation(keras.callbacks.Callback):
         every_epochs: evaluate after every this many epochs (and not before
             `first_epoch`); other epochs log nothing.
         first_epoch: the first (1-based) epoch evaluated.
+        prefix: the prefix of the logged names (e.g. `"val_trained_"` for the
+            validation split evaluated with the trained rather than the
+            averaged weights, `AveragedWeights`).
     """
 
-    def __init__(self, test_data, every_epochs=1, first_epoch=1):
+    def __init__(self, test_data, every_epochs=1, first_epoch=1, prefix="test_"):
         super().__init__()
         self.test_data = test_data
         self.every_epochs = every_epochs
         self.first_epoch = first_epoch
+        self.prefix = prefix
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
@@ -116,7 +120,7 @@ class TestSetEvaluation(keras.callbacks.Callback):
             return
         metrics = self.model.evaluate(self.test_data, return_dict=True, verbose=0)
         if logs is not None:
-            logs.update({f"test_{name}": float(value) for name, value in metrics.items()})
+            logs.update({self.prefix + name: float(value) for name, value in metrics.items()})
 
 
 class TargetAccuracy(keras.callbacks.Callback):
