@@ -1,14 +1,16 @@
 """What the CPU can do, as far as the choice of a kernel depends on it.
 
-The fastest form of a computation differs between the two kinds of x86 CPU
-this project is measured on: Intel Xeons with AMX (tile matrix units that run
-bfloat16 matmuls at two to three times the AVX-512 rate) and AMD EPYC Zen 4
-(AVX-512 BF16, no AMX). Layers that pick a form by CPU ask here, once.
+The fastest form of a computation differs between the kinds of x86 CPU this
+project has been measured on: Intel Xeons with AMX (tile matrix units that run
+bfloat16 matmuls at two to three times the AVX-512 rate), AMD EPYC Zen 4
+(AVX-512 BF16, no AMX) and AMD EPYC Zen 1 (AVX2 only: bfloat16 is converted
+to float32 for every product, so mixed bfloat16 is slower than float32).
+Layers that pick a form by CPU ask here, once.
 """
 
 import functools
 
-__all__ = ["MATMUL_INSTRUCTION_SETS", "has_amx", "instruction_sets"]
+__all__ = ["MATMUL_INSTRUCTION_SETS", "bfloat16_unit", "has_amx", "instruction_sets"]
 
 # The instruction sets that decide matmul and convolution speed, in the
 # order the benchmark reports them.
@@ -38,3 +40,17 @@ def instruction_sets():
 def has_amx():
     """Whether the CPU has AMX bfloat16 tiles (`amx_bf16`), which oneDNN's matmul uses."""
     return "amx_bf16" in _cpu_flags()
+
+
+def bfloat16_unit():
+    """The CPU's bfloat16 matmul hardware: `"amx"`, `"avx512_bf16"` or `None`.
+
+    `None` means oneDNN converts bfloat16 operands to float32 and multiplies
+    in float32 (AVX2 or plain AVX-512), so mixed bfloat16 saves memory traffic
+    but no arithmetic and trains slower than float32 (docs/performance.md).
+    """
+    if has_amx():
+        return "amx"
+    if "avx512_bf16" in _cpu_flags():
+        return "avx512_bf16"
+    return None

@@ -16,9 +16,12 @@ import json
 import math
 import os
 import time
+import warnings
 
 import keras
+import tensorflow as tf
 
+from capsnet_tf import cpu
 from capsnet_tf.callbacks import (
     AveragedWeights,
     DivergenceGuard,
@@ -164,8 +167,23 @@ def compile_model(model, config, num_targets=1, steps_per_epoch=None):
 
 
 def _set_precision(config):
+    """Sets Keras's global dtype policy; warns where bfloat16 cannot be faster.
+
+    On a CPU with no bfloat16 arithmetic (no AMX, no AVX-512 BF16: AVX2
+    machines such as AMD EPYC Zen 1-3) oneDNN multiplies bfloat16 in float32
+    after converting it, and mixed bfloat16 trains slower than float32.
+    """
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
     keras.config.set_dtype_policy(policy[config.mixed_precision])
+    on_cpu = not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+    if config.mixed_precision == "bfloat16" and on_cpu and cpu.bfloat16_unit() is None:
+        warnings.warn(
+            "mixed_precision='bfloat16' on a CPU without bfloat16 arithmetic (no "
+            f"amx_bf16 or avx512_bf16; it reports {cpu.instruction_sets()}): oneDNN "
+            "computes bfloat16 in float32 here, so this run will train slower than "
+            "with --mixed_precision=float32 (docs/performance.md).",
+            stacklevel=2,
+        )
 
 
 def _make_strategy(config):

@@ -115,6 +115,10 @@ def test_instruction_sets_are_the_cpus_own_flags():
     assert set(found) <= set(cpu.MATMUL_INSTRUCTION_SETS)
     assert ("avx512f" in found) == ("avx512f" in flags)
     assert cpu.has_amx() == ("amx_bf16" in flags)
+    expected_unit = (
+        "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else None
+    )
+    assert cpu.bfloat16_unit() == expected_unit
 
 
 def test_unknown_section_is_refused(tmp_path):

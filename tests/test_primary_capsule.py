@@ -150,12 +150,12 @@ def test_layer_takes_the_matmul_path_on_cpus_and_conv_for_same_padding():
 
 
 @pytest.mark.parametrize(
-    "dtype, amx, hand_written",
-    [("bfloat16", False, True), ("bfloat16", True, False), ("float32", False, False),
-     ("float32", True, False)],
+    "dtype, unit, hand_written",
+    [("bfloat16", "avx512_bf16", True), ("bfloat16", "amx", False), ("bfloat16", None, False),
+     ("float32", "avx512_bf16", False), ("float32", "amx", False), ("float32", None, False)],
 )
-def test_input_gradient_form_follows_dtype_and_cpu(monkeypatch, dtype, amx, hand_written):
-    """Conv2DBackpropInput's gradient only in bfloat16 without AMX (the faster form there)."""
+def test_input_gradient_form_follows_dtype_and_cpu(monkeypatch, dtype, unit, hand_written):
+    """Conv2DBackpropInput's gradient only in bfloat16 with AVX-512 BF16 and no AMX."""
     import tensorflow as tf
 
     from capsnet_tf import cpu
@@ -168,7 +168,7 @@ def test_input_gradient_form_follows_dtype_and_cpu(monkeypatch, dtype, amx, hand
         calls.append(args)
         return original(*args)
 
-    monkeypatch.setattr(cpu, "has_amx", lambda: amx)
+    monkeypatch.setattr(cpu, "bfloat16_unit", lambda: unit)
     monkeypatch.setattr(primary_capsule, "_conv_as_matmul_backprop_input", recording)
     inputs = tf.zeros((1, 12, 12, 2), dtype)
     kernel = tf.zeros((5, 5, 2, 3), dtype)
@@ -177,4 +177,35 @@ def test_input_gradient_form_follows_dtype_and_cpu(monkeypatch, dtype, amx, hand
     assert bool(calls) == hand_written
     with pytest.raises(ValueError, match="Received: input_gradient='fast'"):
         primary_capsule._valid_conv_as_matmul(inputs, kernel, 2, "fast")
+
+
+@pytest.mark.parametrize(
+    "precision, unit, warns",
+    [("bfloat16", None, True), ("bfloat16", "avx512_bf16", False), ("bfloat16", "amx", False),
+     ("float32", None, False)],
+)
+def test_bfloat16_without_bfloat16_arithmetic_warns(monkeypatch, precision, unit, warns):
+    """Mixed bfloat16 on an AVX2-only CPU trains slower than float32: say so."""
+    import warnings
+
+    import keras
+
+    from capsnet_tf import cpu, training
+    from capsnet_tf.config import ExperimentConfig
+
+    monkeypatch.setattr(cpu, "bfloat16_unit", lambda: unit)
+    previous = keras.config.dtype_policy()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            training._set_precision(ExperimentConfig(mixed_precision=precision))
+        assert keras.config.dtype_policy().name == (
+            "mixed_bfloat16" if precision == "bfloat16" else "float32"
+        )
+    finally:
+        keras.config.set_dtype_policy(previous)
+    messages = [str(w.message) for w in caught if "bfloat16 arithmetic" in str(w.message)]
+    assert bool(messages) == warns
+    if warns:
+        assert "--mixed_precision=float32" in messages[0]
 

@@ -81,12 +81,14 @@ def _valid_conv_as_matmul(inputs, kernel, strides, input_gradient=None):
 
     - `"col2im"`: a matmul into patch gradients as large as the patches,
       folded back onto the input by `_col2im` (two 0/1 matmuls). Used in
-      float32, and in bfloat16 on CPUs with AMX, whose bfloat16 matmul is
-      about three times its AVX-512 rate.
+      float32, in bfloat16 on CPUs with AMX, whose bfloat16 matmul is about
+      three times its AVX-512 rate, and in bfloat16 on CPUs with no bfloat16
+      arithmetic at all (AVX2), where oneDNN's bfloat16 convolution is about
+      three times slower than the matmuls.
     - `"backprop_input"`: oneDNN's own backward-data convolution
       (`Conv2DBackpropInput`), written by hand with `tf.custom_gradient`. It
       has no AMX kernel for this shape, so it is the faster form only in
-      bfloat16 on CPUs without AMX (AMD EPYC Zen 4).
+      bfloat16 on CPUs with AVX-512 BF16 and no AMX (AMD EPYC Zen 4).
 
     `experiments/benchmark.py --sections=train` measures the layer;
     docs/performance.md has both comparisons.
@@ -100,7 +102,8 @@ def _valid_conv_as_matmul(inputs, kernel, strides, input_gradient=None):
     """
     if input_gradient is None:
         input_gradient = (
-            "backprop_input" if inputs.dtype == tf.bfloat16 and not cpu.has_amx()
+            "backprop_input"
+            if inputs.dtype == tf.bfloat16 and cpu.bfloat16_unit() == "avx512_bf16"
             else "col2im"
         )
     if input_gradient == "backprop_input":
