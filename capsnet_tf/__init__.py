@@ -5,6 +5,15 @@ Reference:
     arXiv:1710.09829.
 """
 
+import os
+
+# TensorFlow turns oneDNN's CPU kernels on by itself only on CPUs with
+# AVX512_VNNI, AVX512_BF16 or AMX. On AVX2-only CPUs (AMD EPYC Zen 1-3, most
+# laptops) its default Eigen kernels run CapsNet's float32 training step about
+# 1.4x slower (docs/performance.md). This takes effect only where capsnet_tf is
+# imported before TensorFlow; TF_ENABLE_ONEDNN_OPTS=0 still turns them off.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 from capsnet_tf.ensemble import ensemble_scores, evaluate_ensemble
 from capsnet_tf.layers import CapsuleLayer, Length, Mask, PrimaryCapsule, dynamic_routing
 from capsnet_tf.losses import (

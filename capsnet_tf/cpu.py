@@ -10,7 +10,10 @@ Layers that pick a form by CPU ask here, once.
 
 import functools
 
-__all__ = ["MATMUL_INSTRUCTION_SETS", "bfloat16_unit", "has_amx", "instruction_sets"]
+__all__ = [
+    "MATMUL_INSTRUCTION_SETS", "bfloat16_unit", "has_amx", "instruction_sets", "model_name",
+    "onednn_enabled",
+]
 
 # The instruction sets that decide matmul and convolution speed, in the
 # order the benchmark reports them.
@@ -29,6 +32,19 @@ def _cpu_flags():
     except OSError:
         pass
     return frozenset()
+
+
+@functools.cache
+def model_name():
+    """The CPU's `model name` from `/proc/cpuinfo` (e.g. "AMD EPYC"); "" where unknown."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def instruction_sets():
@@ -54,3 +70,15 @@ def bfloat16_unit():
     if "avx512_bf16" in _cpu_flags():
         return "avx512_bf16"
     return None
+
+
+def onednn_enabled():
+    """Whether TensorFlow runs its oneDNN CPU kernels in this process.
+
+    TensorFlow decides once, when it starts, from `TF_ENABLE_ONEDNN_OPTS` and
+    the CPU (capsnet_tf sets the variable to 1 unless it is set; see
+    `capsnet_tf/__init__.py`).
+    """
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())

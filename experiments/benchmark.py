@@ -465,6 +465,8 @@ def main(argv):
     results = {
         "machine": {
             "processor": platform.processor() or platform.machine(),
+            "cpu_model": cpu.model_name(),
+            "onednn": cpu.onednn_enabled(),
             "cpus": os.cpu_count(),
             "tensorflow": tf.__version__,
             "keras": keras.__version__,

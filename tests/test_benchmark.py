@@ -6,6 +6,7 @@ numbers and that the derived ratios are the ones the raw times give.
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -89,6 +90,7 @@ def test_tiny_run_writes_every_section(tmp_path):
     assert set(results["machine"]["instruction_sets"]) <= {
         "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile",
     }
+    assert results["machine"]["cpu_model"] == cpu.model_name()
     inference = results["inference"]
     assert inference["saved_model"]["images_per_second"]["median"] > 0
     assert inference["single_image_latency_ms"]["n"] == 3
@@ -119,6 +121,24 @@ def test_instruction_sets_are_the_cpus_own_flags():
         "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else None
     )
     assert cpu.bfloat16_unit() == expected_unit
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines()
+             if line.startswith("model name")]
+    assert cpu.model_name() == (names[0] if names else "")
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN's x86 CPU kernels")
+@pytest.mark.parametrize("setting, expected", [(None, "1 True"), ("0", "0 False")])
+def test_importing_capsnet_tf_first_turns_onednn_on_unless_told_not_to(setting, expected):
+    """TensorFlow leaves oneDNN off on AVX2-only CPUs; capsnet_tf turns it on, by default only."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if setting is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = setting
+    code = ("import os, capsnet_tf; from capsnet_tf import cpu; "
+            "print(os.environ['TF_ENABLE_ONEDNN_OPTS'], cpu.onednn_enabled())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO_ROOT, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == expected
 
 
 def test_unknown_section_is_refused(tmp_path):
