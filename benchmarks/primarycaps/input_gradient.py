@@ -23,6 +23,8 @@ from unittest import mock
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+import capsnet_tf  # noqa: E402, F401  (first: its TF_ENABLE_ONEDNN_OPTS default, before TensorFlow)
+
 # The form each bfloat16_unit() answer makes _valid_conv_as_matmul pick in bfloat16.
 FORMS = {"backprop_input": "avx512_bf16", "col2im": None}
 
