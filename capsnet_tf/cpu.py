@@ -23,28 +23,25 @@ MATMUL_INSTRUCTION_SETS = (
 
 
 @functools.cache
-def _cpu_flags():
+def _cpuinfo_field(name):
+    """The first `name : value` of Linux's `/proc/cpuinfo`; "" where there is none."""
     try:
         with open("/proc/cpuinfo") as file:
             for line in file:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-@functools.cache
-def model_name():
-    """The CPU's `model name` from `/proc/cpuinfo` (e.g. "AMD EPYC"); "" where unknown."""
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if line.startswith("model name"):
+                if line.startswith(name):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
+
+
+def _cpu_flags():
+    return frozenset(_cpuinfo_field("flags").split())
+
+
+def model_name():
+    """The CPU's `model name` from `/proc/cpuinfo` (e.g. "AMD EPYC"); "" where unknown."""
+    return _cpuinfo_field("model name")
 
 
 def instruction_sets():

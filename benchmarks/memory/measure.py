@@ -296,14 +296,9 @@ def _record(run, predicted, measured):
 
 
 def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    from capsnet_tf import cpu  # here: the measured runs are subprocesses, this one writes
+
+    return cpu.model_name() or platform.processor()
 
 
 if __name__ == "__main__":
