@@ -74,8 +74,11 @@ def onednn_enabled():
 
     TensorFlow decides once, when it starts, from `TF_ENABLE_ONEDNN_OPTS` and
     the CPU (capsnet_tf sets the variable to 1 unless it is set; see
-    `capsnet_tf/__init__.py`).
+    `capsnet_tf/__init__.py`). None where TensorFlow does not say (the
+    answer comes from a private module of TensorFlow 2.x).
     """
-    from tensorflow.python.util import _pywrap_util_port
-
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return None
     return bool(_pywrap_util_port.IsMklEnabled())
