@@ -59,8 +59,9 @@ def bfloat16_unit():
     """The CPU's bfloat16 matmul hardware: `"amx"`, `"avx512_bf16"` or `None`.
 
     `None` means oneDNN converts bfloat16 operands to float32 and multiplies
-    in float32 (AVX2 or plain AVX-512), so mixed bfloat16 saves memory traffic
-    but no arithmetic and trains slower than float32 (docs/performance.md).
+    in float32, so mixed bfloat16 saves memory traffic but no arithmetic: on
+    an AVX2-only AMD EPYC it trained at 0.67x of float32 (docs/performance.md;
+    plain AVX-512 without BF16 was not measured).
     """
     if has_amx():
         return "amx"
