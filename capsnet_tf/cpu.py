@@ -11,8 +11,8 @@ Layers that pick a form by CPU ask here, once.
 import functools
 
 __all__ = [
-    "MATMUL_INSTRUCTION_SETS", "bfloat16_unit", "has_amx", "instruction_sets", "model_name",
-    "onednn_enabled",
+    "MATMUL_INSTRUCTION_SETS", "accelerated", "bfloat16_unit", "has_amx", "instruction_sets",
+    "model_name", "onednn_enabled",
 ]
 
 # The instruction sets that decide matmul and convolution speed, in the
@@ -83,3 +83,10 @@ def onednn_enabled():
     except ImportError:
         return None
     return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def accelerated():
+    """Whether TensorFlow sees a GPU or a TPU, where the CPU's kernels are not the ones used."""
+    import tensorflow as tf
+
+    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))

@@ -58,6 +58,7 @@ import inspect
 import math
 import os
 
+from capsnet_tf import cpu
 from capsnet_tf.models.grid import capsule_counts
 
 __all__ = [
@@ -378,7 +379,7 @@ def estimate_run_memory(config, spec, test_examples=0):
         spec.image_shape,
         spec.num_classes,
         config.batch_size,
-        im2col=not _accelerated(),
+        im2col=not cpu.accelerated(),
         data_bytes=data,
         **capsnet_options(config),
     )
@@ -403,15 +404,9 @@ def check_run_memory(config, spec, test_examples=0):
     if estimate is None:
         return None
     logging.info("%s", estimate.describe())
-    if not _accelerated():
+    if not cpu.accelerated():
         check_fits(estimate)
     return estimate
-
-
-def _accelerated():
-    import tensorflow as tf
-
-    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
 
 
 def _routing_part(estimate):

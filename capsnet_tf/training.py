@@ -19,7 +19,6 @@ import time
 import warnings
 
 import keras
-import tensorflow as tf
 
 from capsnet_tf import cpu
 from capsnet_tf.callbacks import (
@@ -175,8 +174,8 @@ def _set_precision(config):
     """
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
     keras.config.set_dtype_policy(policy[config.mixed_precision])
-    on_cpu = not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
-    if config.mixed_precision == "bfloat16" and on_cpu and cpu.bfloat16_unit() is None:
+    if (config.mixed_precision == "bfloat16" and not cpu.accelerated()
+            and cpu.bfloat16_unit() is None):
         warnings.warn(
             "mixed_precision='bfloat16' on a CPU without bfloat16 arithmetic (no "
             f"amx_bf16 or avx512_bf16; it reports {cpu.instruction_sets()}): oneDNN "

@@ -1,9 +1,10 @@
 r"""PrimaryCaps' two input-gradient forms, alternated in one process.
 
 Issue 17's probe: `_valid_conv_as_matmul` picks `"backprop_input"` (oneDNN's
-`Conv2DBackpropInput`) in bfloat16 on CPUs without AMX and `"col2im"` (a
-matmul into patch gradients and two 0/1 fold matmuls) everywhere else. Each
-was chosen on one kind of CPU; this script times both on the CPU it runs on:
+`Conv2DBackpropInput`) in bfloat16 on CPUs with AVX-512 BF16 and no AMX, and
+`"col2im"` (a matmul into patch gradients and two 0/1 fold matmuls)
+everywhere else. Each was chosen by measuring on one kind of CPU; this script
+times both on the CPU it runs on:
 
     python benchmarks/primarycaps/input_gradient.py --rounds=8
 

@@ -60,9 +60,7 @@ def _matmul_conv_applies(inputs, padding):
     """
     if padding != "valid" or None in tuple(inputs.shape[1:]):
         return False
-    return not tf.config.list_logical_devices("GPU") and not tf.config.list_logical_devices(
-        "TPU"
-    )
+    return not cpu.accelerated()
 
 
 def _valid_conv_as_matmul(inputs, kernel, strides, input_gradient=None):
