@@ -8,6 +8,7 @@ CIFAR-10 one as a 2-model ensemble. Plus the MultiMNIST figure (paper's
 Figure 5).
 """
 
+import dataclasses
 import json
 import os
 
@@ -16,6 +17,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
+from capsnet_tf.config import ExperimentConfig
 from tests.test_mnist_experiment import load_script
 
 TINY = [
@@ -201,3 +203,28 @@ def test_export_refuses_the_baseline_and_two_target_models_clearly(tmp_path):
         with pytest.raises(ValueError, match=words):
             export_saved_model(model, str(tmp_path / "export"))
         assert not os.path.exists(tmp_path / "export" / "1")
+
+
+# The options that define the model, its loss and the data it sees: a training
+# recipe (issue 19) may change how the paper's CapsNet is trained, never these.
+_MODEL_OPTIONS = (
+    "dataset", "shift", "train_examples", "eval_examples", "model", "routing_iterations",
+    "leaky_routing", "reconstruction", "reconstruction_weight", "margin_class_reduction",
+    "stem_layers", "stem_filters", "primary_strides", "official_primary_scaling",
+    "vote_scaling", "initializer", "padding", "primary_capsule_types",
+)
+
+
+@pytest.mark.parametrize("flagfile", ["mnist_fast.flags", "mnist_long.flags"])
+def test_recipes_train_the_papers_model(flagfile):
+    recipe, official = parsed(flagfile), parsed("mnist.flags")
+    flag_names = {field.name: field.metadata["flag"] or field.name
+                  for field in dataclasses.fields(ExperimentConfig)}
+    for option in _MODEL_OPTIONS:
+        name = flag_names[option]
+        assert recipe[name] == official[name], (flagfile, name, recipe[name], official[name])
+    # What a recipe does change: an annealed schedule over its whole run, whose
+    # unshifted epochs come last and leave shifted ones before them.
+    assert recipe["schedule"] == "cosine" and recipe["min_learning_rate"] == 0
+    assert 0 < recipe["unshifted_final_epochs"] < recipe["epochs"]
+    assert recipe["validation_examples"] is None  # the test set is the one reported
