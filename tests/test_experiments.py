@@ -8,7 +8,6 @@ CIFAR-10 one as a 2-model ensemble. Plus the MultiMNIST figure (paper's
 Figure 5).
 """
 
-import dataclasses
 import json
 import os
 
@@ -17,7 +16,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from capsnet_tf.config import ExperimentConfig
+from capsnet_tf.config import MODEL_FIELDS
 from tests.test_mnist_experiment import load_script
 
 TINY = [
@@ -38,11 +37,13 @@ def run_main(argv):
         script.main(["mnist"])
 
 
-def parsed(flagfile):
-    """The flag values a flagfile resolves to."""
+def parsed(flagfile, as_config=False):
+    """The flag values a flagfile resolves to, or the script's `ExperimentConfig` of them."""
     script = load_script()
     with flagsaver.flagsaver():
         flags.FLAGS(script.resolve_flagfiles(["mnist", f"--flagfile={flagfile}"]))
+        if as_config:
+            return script.config_from_flags()
         return {name: flags.FLAGS[name].value for name in flags.FLAGS}
 
 
@@ -205,26 +206,23 @@ def test_export_refuses_the_baseline_and_two_target_models_clearly(tmp_path):
         assert not os.path.exists(tmp_path / "export" / "1")
 
 
-# The options that define the model, its loss and the data it sees: a training
-# recipe (issue 19) may change how the paper's CapsNet is trained, never these.
-_MODEL_OPTIONS = (
-    "dataset", "shift", "train_examples", "eval_examples", "model", "routing_iterations",
-    "leaky_routing", "reconstruction", "reconstruction_weight", "margin_class_reduction",
-    "stem_layers", "stem_filters", "primary_strides", "official_primary_scaling",
-    "vote_scaling", "initializer", "padding", "primary_capsule_types",
+# The options that define the model (`MODEL_FIELDS`), its loss and the data it
+# sees: a training recipe (issue 19) may change how the paper's CapsNet is
+# trained, never these.
+_RECIPE_FIXED_FIELDS = (
+    *MODEL_FIELDS, "reconstruction_weight", "margin_class_reduction", "shift",
+    "train_examples", "eval_examples",
 )
 
 
 @pytest.mark.parametrize("flagfile", ["mnist_fast.flags", "mnist_long.flags"])
 def test_recipes_train_the_papers_model(flagfile):
-    recipe, official = parsed(flagfile), parsed("mnist.flags")
-    flag_names = {field.name: field.metadata["flag"] or field.name
-                  for field in dataclasses.fields(ExperimentConfig)}
-    for option in _MODEL_OPTIONS:
-        name = flag_names[option]
-        assert recipe[name] == official[name], (flagfile, name, recipe[name], official[name])
+    recipe, official = parsed(flagfile, as_config=True), parsed("mnist.flags", as_config=True)
+    for name in _RECIPE_FIXED_FIELDS:
+        assert getattr(recipe, name) == getattr(official, name), (
+            flagfile, name, getattr(recipe, name), getattr(official, name))
     # What a recipe does change: an annealed schedule over its whole run, whose
     # unshifted epochs come last and leave shifted ones before them.
-    assert recipe["schedule"] == "cosine" and recipe["min_learning_rate"] == 0
-    assert 0 < recipe["unshifted_final_epochs"] < recipe["epochs"]
-    assert recipe["validation_examples"] is None  # the test set is the one reported
+    assert recipe.schedule == "cosine" and recipe.minimum_learning_rate == 0
+    assert 0 < recipe.unshifted_final_epochs < recipe.epochs
+    assert recipe.validation_examples is None  # the test set is the one reported
