@@ -19,6 +19,7 @@ import json
 import re
 
 from capsnet_tf.data.images import parse_image_size
+from capsnet_tf.data.pipeline import SHIFT_MODES
 from capsnet_tf.data.registry import DATASETS, IMAGE_FOLDER
 
 __all__ = [
@@ -109,6 +110,14 @@ class ExperimentConfig:
         kind="string",
     )
     shift: int = option(2, "Maximum random shift of training images, pixels.", lower=0)
+    shift_mode: str = option(
+        "whole_pixels",
+        "How --shift translates mnist and fashion_mnist training images: whole_pixels (the "
+        "official release: integer offsets, zero fill) or subpixel (real offsets drawn "
+        "uniformly from [-shift, shift] on each axis, bilinear interpolation, zero fill, as "
+        "the shifts of Keras's ImageDataGenerator in CapsNet-Keras).",
+        choices=SHIFT_MODES,
+    )
     unshifted_final_epochs: int = option(
         0,
         "Train the last N epochs on unshifted images (the test set's distribution) instead of "
@@ -313,6 +322,11 @@ class ExperimentConfig:
             raise ValueError(
                 "`unshifted_final_epochs` must be at most `epochs`. Received: "
                 f"unshifted_final_epochs={self.unshifted_final_epochs}, epochs={self.epochs}"
+            )
+        if self.shift_mode != "whole_pixels" and self.dataset not in ("mnist", "fashion_mnist"):
+            raise ValueError(
+                "`shift_mode` other than whole_pixels applies to mnist and fashion_mnist only. "
+                f"Received: shift_mode={self.shift_mode!r}, dataset={self.dataset!r}"
             )
         if self.target_accuracy is not None and self.target_accuracy == 0:
             raise ValueError("`target_accuracy` must be in (0, 1] (0.995 for 99.5%). Received: 0")

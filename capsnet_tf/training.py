@@ -247,6 +247,7 @@ def _load_split(config, split, name=None, reconstruction=None):
         training=training,
         seed=config.seed,
         shift=config.shift,
+        shift_mode=config.shift_mode,
         data_dir=config.data_dir,
         reconstruction=reconstruction,
         take=take,

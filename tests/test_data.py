@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from capsnet_tf.config import ExperimentConfig
 from capsnet_tf.data import DatasetNotFoundError, load_tfds_split, make_dataset, random_shift
+from capsnet_tf.data.pipeline import random_subpixel_shift, translate
 
 
 def shifted(image, dy, dx):
@@ -32,6 +34,96 @@ def test_random_shift_is_a_zero_filled_translation_within_range():
         seen.add(matches[0])
     assert len(seen) > 10  # many of the 25 shifts occur
     assert random_shift(tf.constant(image), 0, tf.constant([0, 0])) is not None
+
+
+def bilinear_translated(image, dy, dx):
+    """Reference: out[y, x] = image at (y - dy, x - dx), bilinear, zeros outside; float64."""
+    image = np.asarray(image, np.float64)
+    h, w = image.shape[:2]
+    padded = np.zeros((h + 2, w + 2) + image.shape[2:])
+    padded[1:-1, 1:-1] = image
+
+    def read(y, x):  # integer coordinates of `image`; zero outside
+        inside = (y >= -1) & (y <= h) & (x >= -1) & (x <= w)
+        return np.where(
+            inside[..., None], padded[np.clip(y + 1, 0, h + 1), np.clip(x + 1, 0, w + 1)], 0.0
+        )
+
+    ys, xs = np.meshgrid(np.arange(h) - dy, np.arange(w) - dx, indexing="ij")
+    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    wy, wx = (ys - y0)[..., None], (xs - x0)[..., None]
+    return (
+        (1 - wy) * (1 - wx) * read(y0, x0)
+        + (1 - wy) * wx * read(y0, x0 + 1)
+        + wy * (1 - wx) * read(y0 + 1, x0)
+        + wy * wx * read(y0 + 1, x0 + 1)
+    )
+
+
+def centroid(image):
+    rows, cols = np.indices(image.shape[:2])
+    mass = image[..., 0].sum()
+    return (rows * image[..., 0]).sum() / mass, (cols * image[..., 0]).sum() / mass
+
+
+@pytest.mark.parametrize("dy, dx", [(0, 0), (1, -2), (0.5, 0), (-0.25, 1.75), (2.9, -0.6)])
+def test_translate_is_a_bilinear_zero_filled_translation(dy, dx):
+    # Nonzero up to the borders, so that the zero fill is checked as well.
+    image = np.random.default_rng(1).random((9, 7, 1)).astype("float32")
+    out = translate(tf.constant(image), dy, dx).numpy()
+    np.testing.assert_allclose(out, bilinear_translated(image, dy, dx), atol=1e-5)
+    if float(dy).is_integer() and float(dx).is_integer():
+        np.testing.assert_array_equal(out, shifted(image, int(dy), int(dx)))
+
+
+def test_random_subpixel_shift_draws_real_offsets_within_range():
+    # One bright pixel: its translated mass is 1 and its centroid moves by the offsets.
+    point = np.zeros((28, 28, 1), "float32")
+    point[14, 14] = 1.0
+    offsets = []
+    for seed in range(40):
+        out = random_subpixel_shift(tf.constant(point), 2, tf.constant([seed, 7])).numpy()
+        assert out.sum() == pytest.approx(1.0, abs=1e-5)
+        dy, dx = np.subtract(centroid(out), 14.0)
+        np.testing.assert_allclose(out, bilinear_translated(point, dy, dx), atol=1e-5)
+        again = random_subpixel_shift(tf.constant(point), 2, tf.constant([seed, 7])).numpy()
+        np.testing.assert_array_equal(out, again)  # stateless
+        offsets += [dy, dx]
+    offsets = np.array(offsets)
+    assert np.abs(offsets).max() <= 2.0 + 1e-5
+    assert np.abs(offsets).max() > 1.5 and offsets.min() < -1.5  # both ways, near the bound
+    fractions = np.abs(offsets - np.round(offsets))
+    assert np.median(fractions) > 0.1  # real offsets, not whole pixels
+
+
+def test_subpixel_training_pipeline_translates_the_image(tfds_data_dir):
+    dataset, _ = make_dataset(
+        "mnist", "train", 1, training=True, shift=2, seed=3, take=1, shift_mode="subpixel"
+    )
+    originals, _ = load_tfds_split("mnist", "train[:1]")
+    (original, _label), = originals
+    original = original.numpy() / 255.0
+    seen = []
+    for _ in range(6):  # a new shift every epoch
+        (inputs, _targets), = dataset
+        image = inputs["image"].numpy()[0]
+        assert image.min() >= 0.0 and image.max() <= 1.0 + 1e-6
+        assert image.sum() == pytest.approx(original.sum(), rel=1e-4)  # no ink lost
+        dy, dx = np.subtract(centroid(image), centroid(original))
+        assert max(abs(dy), abs(dx)) <= 2.0 + 1e-3
+        np.testing.assert_allclose(image, bilinear_translated(original, dy, dx), atol=1e-4)
+        seen.append((round(dy, 3), round(dx, 3)))
+    assert len(set(seen)) == 6
+    with pytest.raises(ValueError, match="shift_mode.*Received"):
+        make_dataset("mnist", "train", 8, training=True, shift_mode="bicubic")
+
+
+def test_subpixel_shifts_are_for_mnist_style_data_only():
+    ExperimentConfig(dataset="fashion_mnist", shift_mode="subpixel").validate()
+    with pytest.raises(ValueError, match="shift_mode.*Received.*cifar10"):
+        ExperimentConfig(dataset="cifar10", shift_mode="subpixel").validate()
+    with pytest.raises(ValueError, match="shift_mode.*Received"):
+        ExperimentConfig(shift_mode="bicubic").validate()
 
 
 def test_training_pipeline_format_and_shift(tfds_data_dir):

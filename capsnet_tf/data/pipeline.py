@@ -16,10 +16,17 @@ __all__ = [
     "in_memory",
     "load_tfds_split",
     "make_dataset",
+    "SHIFT_MODES",
     "random_shift",
+    "random_subpixel_shift",
     "resolve_data_dir",
     "resumable_training_data",
 ]
+
+
+# How `make_dataset` translates training images: whole pixels (the official
+# release) or real-valued offsets with bilinear interpolation.
+SHIFT_MODES = ("whole_pixels", "subpixel")
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -137,6 +144,63 @@ def random_shift(image, max_shift, seed):
     return tf.image.stateless_random_crop(padded, (height, width, channels), seed=seed)
 
 
+def translate(image, dy, dx):
+    """Translates an image by real-valued pixel offsets, bilinear, zero fill.
+
+    The output pixel `(y, x)` is the input's bilinear interpolation at
+    `(y - dy, x - dx)`, reading zeros outside the image: positive `dy`
+    moves the content down, positive `dx` right. Integer offsets give the
+    whole-pixel shift of `random_shift` exactly.
+
+    Args:
+        image: float `[H, W, C]` tensor.
+        dy, dx: scalar float offsets in pixels.
+
+    Returns:
+        The translated image, same shape and dtype.
+    """
+    dy = tf.cast(dy, tf.float32)
+    dx = tf.cast(dx, tf.float32)
+    # ImageProjectiveTransformV3 maps each output point (x, y) to the input
+    # point (x + a2, y + b2) for the transform [1, 0, a2, 0, 1, b2, 0, 0].
+    transform = tf.stack([1.0, 0.0, -dx, 0.0, 1.0, -dy, 0.0, 0.0])[tf.newaxis]
+    translated = tf.raw_ops.ImageProjectiveTransformV3(
+        images=image[tf.newaxis],
+        transforms=transform,
+        output_shape=tf.shape(image)[:2],
+        fill_value=tf.constant(0.0, image.dtype),
+        interpolation="BILINEAR",
+        fill_mode="CONSTANT",
+    )
+    return tf.ensure_shape(translated[0], image.shape)
+
+
+def random_subpixel_shift(image, max_shift, seed):
+    """Translates an image by real offsets drawn uniformly from [-max_shift, max_shift].
+
+    Each axis draws its own offset; the image is resampled bilinearly with
+    zero fill (`translate`). The shifts of CapsNet-Keras (Keras's
+    `ImageDataGenerator(width_shift_range=0.1, height_shift_range=0.1)`:
+    real offsets of up to 2.8 pixels, bilinear) are of this kind; the
+    official release's are whole pixels (`random_shift`). Stateless: the same
+    `seed` always gives the same offsets.
+
+    Args:
+        image: float `[H, W, C]` tensor.
+        max_shift: python number >= 0.
+        seed: int32/int64 tensor of shape `[2]`.
+
+    Returns:
+        The shifted image, same shape and dtype.
+    """
+    if max_shift == 0:
+        return image
+    offsets = tf.random.stateless_uniform(
+        [2], seed, minval=-float(max_shift), maxval=float(max_shift)
+    )
+    return translate(image, offsets[0], offsets[1])
+
+
 def make_dataset(
     name,
     split,
@@ -148,6 +212,7 @@ def make_dataset(
     reconstruction=True,
     take=None,
     shuffle_buffer=10_000,
+    shift_mode="whole_pixels",
 ):
     """A batched `tf.data` pipeline for CapsNet's `model.fit`.
 
@@ -170,6 +235,9 @@ def make_dataset(
         reconstruction: include the label input and the image target.
         take: keep only the first `take` examples (for smoke tests).
         shuffle_buffer: shuffle buffer size.
+        shift_mode: `"whole_pixels"` (the official release: integer offsets,
+            `random_shift`) or `"subpixel"` (real offsets, bilinear,
+            `random_subpixel_shift`).
 
     Returns:
         `(dataset, info)`.
@@ -178,6 +246,11 @@ def make_dataset(
         raise ValueError(f"`batch_size` must be >= 1. Received: batch_size={batch_size}")
     if shift < 0:
         raise ValueError(f"`shift` must be >= 0. Received: shift={shift}")
+    if shift_mode not in SHIFT_MODES:
+        raise ValueError(
+            f"`shift_mode` must be one of {', '.join(SHIFT_MODES)}. "
+            f"Received: shift_mode={shift_mode!r}"
+        )
     dataset, info = load_tfds_split(name, split, data_dir)
     if take is not None:
         dataset = dataset.take(take)
@@ -189,8 +262,9 @@ def make_dataset(
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         if shift:
+            shifter = random_subpixel_shift if shift_mode == "subpixel" else random_shift
             dataset = zip_example_seeds(dataset, seed).map(
-                lambda example, pair: (random_shift(example[0], shift, pair), example[1]),
+                lambda example, pair: (shifter(example[0], shift, pair), example[1]),
                 num_parallel_calls=tf.data.AUTOTUNE,
             )
 

@@ -52,6 +52,7 @@ def load_experiment_data(
     image_size=None,
     test_fraction=0.2,
     horizontal_flip=False,
+    shift_mode="whole_pixels",
 ):
     """The `tf.data` pipeline and `DatasetSpec` of one split of a data set.
 
@@ -80,6 +81,8 @@ def load_experiment_data(
             share of each class held out as the test set.
         horizontal_flip: `IMAGE_FOLDER` and other TFDS sets: random
             horizontal flips in training.
+        shift_mode: `mnist` and `fashion_mnist`: `"whole_pixels"` or
+            `"subpixel"` shifts (see `make_dataset`).
 
     Returns:
         `(dataset, spec)`.
@@ -121,6 +124,7 @@ def load_experiment_data(
             data_dir=data_dir,
             reconstruction=reconstruction,
             take=take,
+            shift_mode=shift_mode,
         )
         spec = DatasetSpec(
             name=name,
