@@ -33,6 +33,9 @@ __all__ = [
 
 # The data sets a run can train on (affNIST is a test set of expanded_mnist runs).
 TRAINABLE_DATASETS = tuple(name for name in DATASETS if name != "affnist")
+# The data sets read by `make_dataset`, whose training images can be held out
+# (`validation_examples`) or shifted by sub-pixel offsets (`shift_mode`).
+_MNIST_STYLE = ("mnist", "fashion_mnist")
 # A TFDS name, optionally with a config and a version: "eurosat/rgb:2.0.0".
 _TFDS_NAME = re.compile(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.-]+)?(:[0-9.*]+)?")
 
@@ -323,16 +326,14 @@ class ExperimentConfig:
                 "`unshifted_final_epochs` must be at most `epochs`. Received: "
                 f"unshifted_final_epochs={self.unshifted_final_epochs}, epochs={self.epochs}"
             )
-        if self.shift_mode != "whole_pixels" and self.dataset not in ("mnist", "fashion_mnist"):
+        if self.shift_mode != "whole_pixels" and self.dataset not in _MNIST_STYLE:
             raise ValueError(
                 "`shift_mode` other than whole_pixels applies to mnist and fashion_mnist only. "
                 f"Received: shift_mode={self.shift_mode!r}, dataset={self.dataset!r}"
             )
         if self.target_accuracy is not None and self.target_accuracy == 0:
             raise ValueError("`target_accuracy` must be in (0, 1] (0.995 for 99.5%). Received: 0")
-        if self.validation_examples is not None and self.dataset not in (
-            "mnist", "fashion_mnist"
-        ):
+        if self.validation_examples is not None and self.dataset not in _MNIST_STYLE:
             raise ValueError(
                 "`validation_examples` holds out training images of mnist or fashion_mnist "
                 f"only. Received: dataset={self.dataset!r}"

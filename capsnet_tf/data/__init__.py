@@ -20,6 +20,7 @@ from capsnet_tf.data.pipeline import (
     load_tfds_split,
     make_dataset,
     random_shift,
+    random_subpixel_shift,
     resolve_data_dir,
 )
 from capsnet_tf.data.smallnorb import (
@@ -50,6 +51,7 @@ __all__ = [
     "preprocess_cifar10",
     "preprocess_smallnorb",
     "random_shift",
+    "random_subpixel_shift",
     "resolve_data_dir",
     "scan_image_folder",
     "warp_digit",

@@ -21,6 +21,7 @@ __all__ = [
     "random_subpixel_shift",
     "resolve_data_dir",
     "resumable_training_data",
+    "translate",
 ]
 
 
