@@ -3,16 +3,17 @@
 The fastest form of a computation differs between the kinds of x86 CPU this
 project has been measured on: Intel Xeons with AMX (tile matrix units that run
 bfloat16 matmuls at two to three times the AVX-512 rate), AMD EPYC Zen 4
-(AVX-512 BF16, no AMX) and AMD EPYC Zen 1 (AVX2 only: bfloat16 is converted
-to float32 for every product, so mixed bfloat16 is slower than float32).
+(AVX-512 BF16, no AMX) and AMD EPYC Zen 1 and Zen 2 (AVX2 only: bfloat16 is
+converted to float32 for every product, so mixed bfloat16 is slower than
+float32).
 Layers that pick a form by CPU ask here, once.
 """
 
 import functools
 
 __all__ = [
-    "MATMUL_INSTRUCTION_SETS", "accelerated", "bfloat16_unit", "has_amx", "instruction_sets",
-    "model_name", "onednn_enabled",
+    "MATMUL_INSTRUCTION_SETS", "accelerated", "bfloat16_unit", "family_and_model", "has_amx",
+    "instruction_sets", "model_name", "onednn_enabled",
 ]
 
 # The instruction sets that decide matmul and convolution speed, in the
@@ -24,12 +25,16 @@ MATMUL_INSTRUCTION_SETS = (
 
 @functools.cache
 def _cpuinfo_field(name):
-    """The first `name : value` of Linux's `/proc/cpuinfo`; "" where there is none."""
+    """The first `name : value` of Linux's `/proc/cpuinfo`; "" where there is none.
+
+    The key must match whole: "model" is not "model name".
+    """
     try:
         with open("/proc/cpuinfo") as file:
             for line in file:
-                if line.startswith(name):
-                    return line.split(":", 1)[1].strip()
+                key, colon, value = line.partition(":")
+                if colon and key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
     return ""
@@ -42,6 +47,20 @@ def _cpu_flags():
 def model_name():
     """The CPU's `model name` from `/proc/cpuinfo` (e.g. "AMD EPYC"); "" where unknown."""
     return _cpuinfo_field("model name")
+
+
+def family_and_model():
+    """The CPU's `(cpu family, model)` numbers from `/proc/cpuinfo`; None where unknown.
+
+    Virtual machines often report only "AMD EPYC" as the model name, which
+    covers generations as far apart as Zen 1 (family 23, model 1), Zen 2
+    (23, 49) and Zen 4 (25, 17): only these numbers tell them apart in a
+    benchmark's record.
+    """
+    family, model = _cpuinfo_field("cpu family"), _cpuinfo_field("model")
+    if not (family.isdigit() and model.isdigit()):
+        return None
+    return int(family), int(model)
 
 
 def instruction_sets():

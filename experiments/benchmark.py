@@ -466,6 +466,7 @@ def main(argv):
         "machine": {
             "processor": platform.processor() or platform.machine(),
             "cpu_model": cpu.model_name(),
+            "cpu_family_and_model": cpu.family_and_model(),
             "onednn": cpu.onednn_enabled(),
             "cpus": os.cpu_count(),
             "tensorflow": tf.__version__,

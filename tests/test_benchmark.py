@@ -7,6 +7,7 @@ numbers and that the derived ratios are the ones the raw times give.
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 
@@ -91,6 +92,9 @@ def test_tiny_run_writes_every_section(tmp_path):
         "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile",
     }
     assert results["machine"]["cpu_model"] == cpu.model_name()
+    assert results["machine"]["cpu_family_and_model"] == (
+        list(cpu.family_and_model()) if cpu.family_and_model() else None
+    )
     inference = results["inference"]
     assert inference["saved_model"]["images_per_second"]["median"] > 0
     assert inference["single_image_latency_ms"]["n"] == 3
@@ -124,6 +128,10 @@ def test_instruction_sets_are_the_cpus_own_flags():
     names = [line.split(":", 1)[1].strip() for line in text.splitlines()
              if line.startswith("model name")]
     assert cpu.model_name() == (names[0] if names else "")
+    family = re.search(r"^cpu family\s*:\s*(\d+)$", text, re.MULTILINE)
+    model = re.search(r"^model\s*:\s*(\d+)$", text, re.MULTILINE)
+    expected = (int(family.group(1)), int(model.group(1))) if family and model else None
+    assert cpu.family_and_model() == expected
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN's x86 CPU kernels")
