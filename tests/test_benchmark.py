@@ -92,8 +92,9 @@ def test_tiny_run_writes_every_section(tmp_path):
         "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile",
     }
     assert results["machine"]["cpu_model"] == cpu.model_name()
+    family_and_model = cpu.family_and_model()  # a tuple, a list once through JSON
     assert results["machine"]["cpu_family_and_model"] == (
-        list(cpu.family_and_model()) if cpu.family_and_model() else None
+        list(family_and_model) if family_and_model else None
     )
     inference = results["inference"]
     assert inference["saved_model"]["images_per_second"]["median"] > 0
