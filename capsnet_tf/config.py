@@ -182,8 +182,10 @@ class ExperimentConfig:
     )
     target_accuracy: float | None = option(
         None,
-        "Stop at the first epoch whose test accuracy reaches this (e.g. 0.995) and record the "
-        "wall-clock time from the command's start (time_to_target.json, results.json).",
+        "Stop at the first epoch whose held-out accuracy reaches this (e.g. 0.995) and record "
+        "the wall-clock time from the command's start (time_to_target.json, results.json): "
+        "the test set's accuracy, or with --validation_examples the validation split's (a "
+        "stop is a model choice, which the test set never makes).",
         lower=0.0,
         upper=1.0,
         kind="float",

@@ -63,24 +63,39 @@ def read_log(workdir):
         return list(csv.DictReader(file))
 
 
-def test_target_accuracy_stops_at_the_first_epoch_that_reaches_it(tfds_data_dir, tmp_path):
+@pytest.mark.parametrize("validation_examples, chosen_on", [(None, "test"), (16, "validation")])
+def test_target_accuracy_stops_at_the_first_epoch_that_reaches_it(
+    tfds_data_dir, tmp_path, validation_examples, chosen_on
+):
     from capsnet_tf.training import train_and_evaluate
 
     workdir = str(tmp_path / "run")
-    # Any accuracy reaches 1e-6: the run must stop after its first epoch of three.
-    config = ExperimentConfig(epochs=3, target_accuracy=1e-6, **TINY)
+    # A tiny target: the run must stop at the first epoch whose watched
+    # accuracy is above zero (16 held-out images, an untrained model may
+    # score 0/16 on its first epoch), before the last of four.
+    config = ExperimentConfig(
+        epochs=4, target_accuracy=1e-6, validation_examples=validation_examples, **TINY
+    )
     results = train_and_evaluate(config, workdir)
     rows = read_log(workdir)
-    assert len(rows) == 1
+    # The stop watches the data the checkpoint is chosen on (`val_*`: the
+    # test set, or the validation split where there is one), never the test
+    # set beside a validation split (`test_*`).
+    watched = [float(row["val_length_accuracy"]) for row in rows]
+    assert all(accuracy < 1e-6 for accuracy in watched[:-1]) and watched[-1] >= 1e-6
+    epoch = len(rows)
+    assert epoch < config.epochs
     hit = results["time_to_target"]
     with open(os.path.join(workdir, "time_to_target.json")) as file:
         assert json.load(file) == hit
-    assert hit["epoch"] == 1 and hit["global_step"] == 2
-    assert hit["accuracy"] == pytest.approx(float(rows[0]["val_length_accuracy"]))
+    assert hit["epoch"] == epoch and hit["global_step"] == epoch * TINY["steps_per_epoch"]
+    assert hit["monitor"] == "val_length_accuracy"
+    assert hit["accuracy"] == pytest.approx(watched[-1])
     # The clock counts from the call, compilation and the evaluation included.
-    assert 0 < hit["seconds"] <= float(rows[0]["wall_seconds"]) + 1.0
-    assert results["final_epoch_test_accuracy"] == pytest.approx(hit["accuracy"])
-    assert results["checkpoint_chosen_on"] == "test"
+    assert 0 < hit["seconds"] <= float(rows[-1]["wall_seconds"]) + 1.0
+    assert results["checkpoint_chosen_on"] == chosen_on
+    final_test = rows[-1]["test_length_accuracy" if validation_examples else "val_length_accuracy"]
+    assert results["final_epoch_test_accuracy"] == pytest.approx(float(final_test))
 
 
 def test_unreached_target_trains_every_epoch_and_validation_selects(tfds_data_dir, tmp_path):

@@ -131,9 +131,9 @@ class TargetAccuracy(keras.callbacks.Callback):
     as JSON at once, so a later resumed call still reports it.
 
     Args:
-        monitor: the epoch-log key of the test accuracy (e.g.
-            `"val_length_accuracy"` when the test set is the validation data,
-            `"test_length_accuracy"` beside a validation split).
+        monitor: the epoch-log key of the held-out accuracy to watch
+            (`"val_length_accuracy"`: the test set, or the validation split
+            where there is one).
         target: accuracy in (0, 1].
         clock: the run's `WallClock`.
         record_path: where to write the record.
