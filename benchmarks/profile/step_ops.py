@@ -1,0 +1,143 @@
+r"""Where a training step's time goes, op by op, from TensorFlow's own trace.
+
+Issue 17 asks to measure before changing: this script traces a few
+`train_on_batch` steps of the `mnist.flags` CapsNet (batch 100) with
+`tf.profiler`, reads the XPlane the profiler writes, and sums the op time
+of each TensorFlow op on the CPU threads, grouped by op name and type:
+
+    python benchmarks/profile/step_ops.py --precision=bfloat16 --steps=5 \
+        --output=benchmarks/results/NAME/ops_bfloat16.md
+
+Op times overlap when the two inter-op threads run ops at once, so their sum
+can exceed the step's wall time, and an op that shares the cores with another
+takes longer than it would alone; the step's wall time (median of as many
+steps, timed before tracing) is printed beside them. An XLA-compiled function
+(the routing loop) counts as one row.
+"""
+
+import argparse
+import collections
+import glob
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import capsnet_tf  # noqa: E402, F401  (first: its TF_ENABLE_ONEDNN_OPTS default, before TensorFlow)
+
+
+def op_times(xplane_path):
+    """Sums event durations per (op name, op type) over the host's TF op lines.
+
+    Returns a dict from (name, type) to (total milliseconds, event count).
+    """
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(xplane_path, "rb") as f:
+        space.ParseFromString(f.read())
+    totals = collections.defaultdict(lambda: [0.0, 0])
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        names = {i: m.name for i, m in plane.event_metadata.items()}
+        for line in plane.lines:
+            # The executor's threads; the Python line holds the whole step.
+            if line.name.startswith("python") or "TraceMe" in line.name:
+                continue
+            for event in line.events:
+                name = names.get(event.metadata_id, "?")
+                # TF ops are "name:Type"; the executors' own spans
+                # ("ExecutorState::Process", "ThunkExecutor::Execute") contain
+                # the ops they run and would count them twice.
+                if name == "CpuExecutable::ExecuteAsyncOnStream":
+                    # An XLA-compiled function (the routing loop): its ops are
+                    # not TF ops, so the executable's span is their time.
+                    name = "XLA-compiled function:XLA"
+                elif ":" not in name or "::" in name:
+                    continue
+                op_name, op_type = name.rsplit(":", 1)
+                entry = totals[(op_name, op_type)]
+                entry[0] += event.duration_ps / 1e9
+                entry[1] += 1
+    return totals
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--precision", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--batch_size", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=5, help="traced steps (after 3 untraced)")
+    parser.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+    parser.add_argument("--output", default="", help="also write the tables to this file")
+    args = parser.parse_args()
+    if args.steps < 1 or args.batch_size < 1:
+        parser.error(f"--steps and --batch_size must be positive. Received: "
+                     f"{args.steps}, {args.batch_size}")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from capsnet_tf import training
+    from capsnet_tf.config import ExperimentConfig
+
+    keras.config.set_dtype_policy("mixed_bfloat16" if args.precision == "bfloat16" else "float32")
+    config = ExperimentConfig()
+    model = training.build_model(config, (28, 28, 1), 10)
+    training.compile_model(model, config, 1, 600)
+    rng = np.random.default_rng(0)
+    images = rng.random((args.batch_size, 28, 28, 1), dtype=np.float32)
+    labels = rng.integers(0, 10, args.batch_size).astype(np.int32)
+    x, y = model_inputs(images, labels)
+    for _ in range(3):
+        model.train_on_batch(x, y)
+    walls = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        walls.append(time.perf_counter() - start)
+    logdir = tempfile.mkdtemp(prefix="capsnet_profile_")
+    tf.profiler.experimental.start(logdir)
+    for _ in range(args.steps):
+        model.train_on_batch(x, y)
+    tf.profiler.experimental.stop()
+    paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+        raise SystemExit(f"The profiler wrote no .xplane.pb under {logdir}.")
+    totals = op_times(paths[0])
+
+    per_step = {key: (ms / args.steps, count / args.steps) for key, (ms, count) in totals.items()}
+    by_type = collections.defaultdict(float)
+    for (_, op_type), (ms, _) in per_step.items():
+        by_type[op_type] += ms
+    step_ms = 1e3 * statistics.median(walls)
+    lines = [
+        f"{args.precision}, batch {args.batch_size}: step {step_ms:.1f} ms wall "
+        f"(median of {args.steps}, {args.batch_size / step_ms * 1e3:.1f} images/s); "
+        f"op time {sum(by_type.values()):.1f} ms a step over {args.steps} traced steps",
+        "", "| op | type | ms a step | calls a step |", "| --- | --- | --- | --- |"]
+    for (op_name, op_type), (ms, count) in sorted(per_step.items(), key=lambda kv: -kv[1][0])[
+            :args.top]:
+        lines.append(f"| `{op_name}` | {op_type} | {ms:.1f} | {count:.0f} |")
+    lines += ["", "| op type | ms a step |", "| --- | --- |"]
+    for op_type, ms in sorted(by_type.items(), key=lambda kv: -kv[1])[:args.top]:
+        lines.append(f"| {op_type} | {ms:.1f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w") as f:
+            f.write(text)
+
+
+def model_inputs(images, labels):
+    """The (inputs, targets) pair `train_on_batch` takes for the CapsNet."""
+    return {"image": images, "label": labels}, {"length": labels, "reconstruction": images}
+
+
+if __name__ == "__main__":
+    main()
