@@ -4,7 +4,8 @@ Flag-free, so notebooks and tests can use them: `alternate` times several
 functions in alternation (a shared machine's speed drifts, so references and
 models are measured round by round), `conv_ceilings` builds the float32
 PrimaryCaps-convolution reference, `linear_fit` fits cost against batch size
-or routing iterations.
+or routing iterations, `mnist_capsnet` and `random_mnist_batch` are the model
+and the batch every benchmark script times.
 """
 
 import resource
@@ -20,11 +21,13 @@ __all__ = [
     "call_seconds",
     "conv_ceilings",
     "linear_fit",
+    "mnist_capsnet",
     "model_flops_per_image",
     "peak_rss_gib",
     "matmul_ceilings",
     "percentile",
     "primary_conv_flops",
+    "random_mnist_batch",
     "summary",
 ]
 
@@ -169,3 +172,36 @@ def matmul_ceilings(size=MATMUL_SIZE):
         functions[name] = tf.function(lambda a=a, b=b: tf.matmul(a, b))
     return functions, 2 * size**3
 
+
+def mnist_capsnet(precision, routing_iterations=3, jit_compile=False):
+    """A compiled `mnist.flags` CapsNet in `precision`; the global policy is restored.
+
+    `precision` is a `--mixed_precision` value ("float32", "bfloat16",
+    "float16"). Weights are seeded (0), so every script times the same model.
+    """
+    import keras
+
+    from capsnet_tf.config import PRECISION_POLICIES, ExperimentConfig
+    from capsnet_tf.training import build_model, compile_model
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(PRECISION_POLICIES[precision])
+    try:
+        keras.utils.set_random_seed(0)
+        config = ExperimentConfig(
+            routing_iterations=routing_iterations, jit_compile=jit_compile,
+            mixed_precision=precision,
+        )
+        return compile_model(build_model(config, (28, 28, 1), 10), config)
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def random_mnist_batch(size, seed=0):
+    """`(inputs, targets)` of `size` random MNIST-shaped images, as `train_on_batch` takes them."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    images = tf.constant(rng.random((size, 28, 28, 1)).astype("float32"))
+    labels = tf.constant(rng.integers(0, 10, size).astype("int32"))
+    return {"image": images, "label": labels}, {"length": labels, "reconstruction": images}

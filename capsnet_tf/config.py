@@ -22,9 +22,14 @@ from capsnet_tf.data.images import parse_image_size
 from capsnet_tf.data.pipeline import SHIFT_MODES
 from capsnet_tf.data.registry import DATASETS, IMAGE_FOLDER
 
+# Keras's global dtype policy for each `mixed_precision` value.
+PRECISION_POLICIES = {
+    "float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+
 __all__ = [
     "CAPSNET_FIELDS",
     "MODEL_FIELDS",
+    "PRECISION_POLICIES",
     "ExperimentConfig",
     "capsnet_options",
     "describe_options",
@@ -252,7 +257,7 @@ class ExperimentConfig:
         "convolutions are far slower). The routing is XLA-compiled in training either way.",
     )
     mixed_precision: str = option(
-        "float32", "Compute precision.", choices=("float32", "bfloat16", "float16")
+        "float32", "Compute precision.", choices=tuple(PRECISION_POLICIES)
     )
     verbose: str | int = option(
         "auto",

@@ -34,7 +34,7 @@ from capsnet_tf.callbacks import (
     WeightsCheckpoint,
     load_weights,
 )
-from capsnet_tf.config import ExperimentConfig, capsnet_options
+from capsnet_tf.config import PRECISION_POLICIES, ExperimentConfig, capsnet_options
 from capsnet_tf.data.pipeline import resumable_training_data
 from capsnet_tf.data.registry import load_experiment_data
 from capsnet_tf.distribute import (
@@ -172,8 +172,7 @@ def _set_precision(config):
     machines such as AMD EPYC Zen 1-3) oneDNN multiplies bfloat16 in float32
     after converting it, and mixed bfloat16 trains slower than float32.
     """
-    policy = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
-    keras.config.set_dtype_policy(policy[config.mixed_precision])
+    keras.config.set_dtype_policy(PRECISION_POLICIES[config.mixed_precision])
     if (config.mixed_precision == "bfloat16" and not cpu.accelerated()
             and cpu.bfloat16_unit() is None):
         warnings.warn(

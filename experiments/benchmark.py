@@ -51,9 +51,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))
 
 from capsnet_tf import benchmarking, cpu  # noqa: E402
+from capsnet_tf.config import PRECISION_POLICIES as _POLICIES  # noqa: E402
 
 _SECTIONS = ("train", "inference", "pipeline", "scaling", "memory")
-_POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", "benchmarks/results", "Where to write results.")
 _SECTIONS_FLAG = flags.DEFINE_list(
@@ -99,33 +99,15 @@ def _ratios(numerators, denominators):
 
 
 def _build(precision, routing_iterations=None, jit_compile=None):
-    """A compiled MNIST CapsNet in `precision`; the global policy is restored."""
-    import keras
-
-    from capsnet_tf.training import ExperimentConfig, build_model, compile_model
-
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(_POLICIES[precision])
-    try:
-        keras.utils.set_random_seed(0)
-        config = ExperimentConfig(
-            routing_iterations=routing_iterations or _ROUTING.value,
-            jit_compile=_JIT.value if jit_compile is None else jit_compile,
-            mixed_precision=precision,
-        )
-        return compile_model(build_model(config, (28, 28, 1), 10), config)
-    finally:
-        keras.config.set_dtype_policy(previous)
+    """A compiled MNIST CapsNet in `precision`, routing and XLA from the flags by default."""
+    return benchmarking.mnist_capsnet(
+        precision,
+        routing_iterations=routing_iterations or _ROUTING.value,
+        jit_compile=_JIT.value if jit_compile is None else jit_compile,
+    )
 
 
-def _batch(size, seed=0):
-    import numpy as np
-    import tensorflow as tf
-
-    rng = np.random.default_rng(seed)
-    images = tf.constant(rng.random((size, 28, 28, 1)).astype("float32"))
-    labels = tf.constant(rng.integers(0, 10, size).astype("int32"))
-    return {"image": images, "label": labels}, {"length": labels, "reconstruction": images}
+_batch = benchmarking.random_mnist_batch
 
 
 def _train_step(model, batch):

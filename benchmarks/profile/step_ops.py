@@ -51,14 +51,14 @@ def op_times(xplane_path):
                 continue
             for event in line.events:
                 name = names.get(event.metadata_id, "?")
-                # TF ops are "name:Type"; the executors' own spans
-                # ("ExecutorState::Process", "ThunkExecutor::Execute") contain
-                # the ops they run and would count them twice.
                 if name == "CpuExecutable::ExecuteAsyncOnStream":
                     # An XLA-compiled function (the routing loop): its ops are
                     # not TF ops, so the executable's span is their time.
                     name = "XLA-compiled function:XLA"
                 elif ":" not in name or "::" in name:
+                    # TF ops are "name:Type"; the executors' own spans
+                    # ("ExecutorState::Process", "ThunkExecutor::Execute")
+                    # contain the ops they run and would count them twice.
                     continue
                 op_name, op_type = name.rsplit(":", 1)
                 entry = totals[(op_name, op_type)]
@@ -78,21 +78,13 @@ def main():
     if args.steps < 1 or args.batch_size < 1:
         parser.error(f"--steps and --batch_size must be positive. Received: "
                      f"{args.steps}, {args.batch_size}")
-    import keras
-    import numpy as np
     import tensorflow as tf
 
-    from capsnet_tf import training
-    from capsnet_tf.config import ExperimentConfig
+    from capsnet_tf import benchmarking
 
-    keras.config.set_dtype_policy("mixed_bfloat16" if args.precision == "bfloat16" else "float32")
-    config = ExperimentConfig()
-    model = training.build_model(config, (28, 28, 1), 10)
-    training.compile_model(model, config, 1, 600)
-    rng = np.random.default_rng(0)
-    images = rng.random((args.batch_size, 28, 28, 1), dtype=np.float32)
-    labels = rng.integers(0, 10, args.batch_size).astype(np.int32)
-    x, y = model_inputs(images, labels)
+    # The model and the batch that experiments/benchmark.py times.
+    model = benchmarking.mnist_capsnet(args.precision)
+    x, y = benchmarking.random_mnist_batch(args.batch_size)
     for _ in range(3):
         model.train_on_batch(x, y)
     walls = []
@@ -132,11 +124,6 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         with open(args.output, "w") as f:
             f.write(text)
-
-
-def model_inputs(images, labels):
-    """The (inputs, targets) pair `train_on_batch` takes for the CapsNet."""
-    return {"image": images, "label": labels}, {"length": labels, "reconstruction": images}
 
 
 if __name__ == "__main__":
