@@ -26,6 +26,7 @@ from capsnet_tf.losses import (
 from capsnet_tf.metrics import MultiLabelAccuracy
 from capsnet_tf.models import PRESETS, BaselineCNN, CapsNet
 from capsnet_tf.ops import safe_norm, squash
+from capsnet_tf.optimizers import FusedAdam
 from capsnet_tf.schedules import FlooredExponentialDecay
 
 __version__ = "0.1.0"
@@ -35,6 +36,7 @@ __all__ = [
     "CapsNet",
     "CapsuleLayer",
     "FlooredExponentialDecay",
+    "FusedAdam",
     "Length",
     "MarginLoss",
     "Mask",

@@ -47,6 +47,7 @@ from capsnet_tf.distribute import (
 from capsnet_tf.losses import MarginLoss, ReconstructionLoss
 from capsnet_tf.memory import check_run_memory
 from capsnet_tf.models.capsnet import CapsNet
+from capsnet_tf.optimizers import FusedAdam
 from capsnet_tf.runlock import lock_workdir
 from capsnet_tf.schedules import make_schedule
 from capsnet_tf.workdir import (
@@ -150,8 +151,9 @@ def compile_model(model, config, num_targets=1, steps_per_epoch=None):
                 ]
             }
     # epsilon 1e-8: TensorFlow 1's AdamOptimizer default, used by the official release.
+    # FusedAdam: Keras's Adam in one TensorFlow kernel per variable (same values).
     model.compile(
-        optimizer=keras.optimizers.Adam(
+        optimizer=FusedAdam(
             learning_rate=schedule,
             epsilon=1e-8,
             use_ema=config.ema_momentum > 0,

@@ -18,9 +18,9 @@ Sections (`--sections`):
   float32 in the same rounds.
 - `inference`: the model exported as a SavedModel (`capsnet_tf.export`),
   its `serving_float` signature at `--inference_batch_size` against the
-  forward-only ceiling at that batch; the in-process Keras inference model
-  per precision; single-image latency of `serving_default` (median and p90 of
-  `--latency_calls` calls).
+  forward-only ceiling at that batch and against the matmul rate; the
+  in-process Keras inference model per precision; single-image latency of
+  `serving_default` (median and p90 of `--latency_calls` calls).
 - `pipeline`: the MNIST training `tf.data` pipeline (cached, shuffled,
   shift-augmented, batched) alone, as a multiple of the float32 training rate.
 - `scaling`: float32 step time at `--scaling_batch_sizes` and at
@@ -170,6 +170,7 @@ def run_inference(results, models):
 
     batch = _INFERENCE_BATCH.value
     _, forward_ceiling = benchmarking.conv_ceilings(batch)
+    matmuls, matmul_flops = benchmarking.matmul_ceilings()
     model = models.get("float32") or _build("float32")
     export_root = tempfile.mkdtemp(prefix="capsnet_benchmark_")
     path = export_saved_model(model, export_root, verify=False)
@@ -180,6 +181,7 @@ def run_inference(results, models):
     images = images["image"]
     functions = {
         "forward_ceiling": forward_ceiling,
+        **{f"matmul_{name}": function for name, function in matmuls.items()},
         "saved_model": lambda: serving_float(images=images),
     }
     for precision, keras_model in models.items():
@@ -198,15 +200,24 @@ def run_inference(results, models):
         "forward_ceiling_gflops": benchmarking.summary(
             [ceiling_flops / t / 1e9 for t in times["forward_ceiling"]]
         ),
+        "matmul_gflops": {
+            name: benchmarking.summary([matmul_flops / t / 1e9 for t in times[f"matmul_{name}"]])
+            for name in matmuls
+        },
     }
     for name in functions:
-        if name == "forward_ceiling":
+        if name == "forward_ceiling" or name.startswith("matmul_"):
             continue
+        # The SavedModel serves float32; a Keras model against its own precision's matmul.
+        matmul = times["matmul_bfloat16" if name.endswith("16") else "matmul_float32"]
         section[name] = {
             "images_per_second": benchmarking.summary([batch / t for t in times[name]]),
             "fraction_of_forward_ceiling": _ratios(
                 [forward_flops * t for t in times["forward_ceiling"]],
                 [ceiling_flops * t for t in times[name]],
+            ),
+            "fraction_of_matmul_ceiling": _ratios(
+                [forward_flops * t for t in matmul], [matmul_flops * t for t in times[name]]
             ),
         }
     single = tf.cast(images[:1] * 255, tf.uint8)
@@ -385,6 +396,8 @@ def markdown_table(results):
         batch = inference["batch_size"]
         lines.append(_row(f"float32 forward ceiling at batch {batch}, GFLOP/s",
                           inference["forward_ceiling_gflops"]))
+        for name, entry in inference.get("matmul_gflops", {}).items():
+            lines.append(_row(f"{name} matmul (matmul-rate ceiling), GFLOP/s", entry))
         for name, entry in inference.items():
             if isinstance(entry, dict) and "images_per_second" in entry:
                 label = "SavedModel serving_float" if name == "saved_model" else name
@@ -392,6 +405,11 @@ def markdown_table(results):
                                   entry["images_per_second"]))
                 lines.append(_row(f"inference {label}, fraction of the forward ceiling",
                                   entry["fraction_of_forward_ceiling"], digits=2))
+                if "fraction_of_matmul_ceiling" in entry:
+                    lines.append(_row(
+                        f"inference {label}, fraction of its precision's matmul-rate ceiling",
+                        entry["fraction_of_matmul_ceiling"], digits=2,
+                    ))
         latency = inference["single_image_latency_ms"]
         lines.append(f"| SavedModel single-image latency | {latency['median']:.1f} ms "
                      f"| p90 {latency['p90']:.1f} ms, {latency['n']} calls |")

@@ -98,6 +98,8 @@ def test_tiny_run_writes_every_section(tmp_path):
     )
     inference = results["inference"]
     assert inference["saved_model"]["images_per_second"]["median"] > 0
+    assert set(inference["matmul_gflops"]) == {"float32", "bfloat16"}
+    assert inference["saved_model"]["fraction_of_matmul_ceiling"]["median"] > 0
     assert inference["single_image_latency_ms"]["n"] == 3
     assert results["pipeline"]["images_per_second"]["median"] > 0
     assert results["pipeline"]["over_float32_training_rate"] > 0
@@ -110,6 +112,7 @@ def test_tiny_run_writes_every_section(tmp_path):
     assert all(row["peak_gib"] >= row["after_build_gib"] > 0.1 for row in memory["runs"])
     table = (output / "benchmark.md").read_text()
     assert "fraction of the float32 ceiling" in table and "speed-up over float32" in table
+    assert "inference SavedModel serving_float, fraction of its precision's matmul" in table
     assert "matmul-rate ceiling" in table
 
 

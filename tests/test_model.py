@@ -157,7 +157,7 @@ def test_keras_file_loads_in_a_fresh_process_without_custom_objects(tmp_path):
         [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "OK CapsNet Adam" in result.stdout
+    assert "OK CapsNet FusedAdam" in result.stdout
 
 
 def test_mixed_bfloat16_pass_keeps_float32_variables_and_precise_heads():
