@@ -99,3 +99,31 @@ def test_serializes_by_its_registered_name():
     restored = keras.saving.deserialize_keras_object(config)
     assert type(restored) is FusedAdam
     assert restored.get_config() == optimizer.get_config()
+
+
+def test_resumes_from_a_checkpoint_written_with_keras_adam(tmp_path):
+    """Work directories from before FusedAdam: the moments and step carry over."""
+    from capsnet_tf.checkpoints import load_weights, save_weights_atomically
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(8, 5)).astype(np.float32)
+    y = rng.normal(size=(8, 2)).astype(np.float32)
+
+    def model_with(optimizer_class):
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+        model.compile(optimizer=optimizer_class(learning_rate=0.01), loss="mse")
+        return model
+
+    old = model_with(keras.optimizers.Adam)
+    for _ in range(3):
+        old.train_on_batch(x, y)
+    path = str(tmp_path / "state.weights.h5")
+    save_weights_atomically(old, path, include_optimizer=True)
+    new = model_with(FusedAdam)
+    load_weights(new, path, include_optimizer=True)
+    assert int(new.optimizer.iterations) == 3
+    for model in (old, new):
+        model.train_on_batch(x, y)
+    for got, theirs in zip(new.get_weights(), old.get_weights()):
+        np.testing.assert_allclose(got, theirs, rtol=1e-6, atol=1e-7)
