@@ -81,11 +81,14 @@ def dynamic_routing(
     `tf.function`; inside a graph (`model.fit`, `tf.function`, XLA) it is
     traced inline into the caller's graph, so XLA sees static shapes.
 
-    The votes are laid out output-major, `[batch, output, input, dim]`, so that
-    both routing products (the weighted sum over input capsules and the
-    agreement) are batched matrix-vector products that read the votes once,
-    with no transpose per iteration (an `[batch, input, output, dim]` layout
-    with einsums streams them twice per iteration and transposes them).
+    Internally the votes are laid out `[batch, output, dim, input]`
+    (`CapsuleLayer` builds them so; this function transposes its argument
+    once): both routing products, the weighted sum over input capsules and
+    the agreement, are then batched matrix-vector products along contiguous
+    rows of input capsules, with no transpose per iteration. (The
+    `[batch, output, input, dim]` layout of the argument makes the agreement
+    a dot product of 16 numbers per input capsule, which XLA's CPU code runs
+    about a third slower, forward and backward; docs/performance.md.)
 
     With `jit_compile=True` the iterations are unrolled and compiled by XLA
     as one cluster (fused softmax, squash and sums, so the memory-bound
@@ -110,6 +113,12 @@ def dynamic_routing(
         `(v, couplings)` where couplings is `[batch, iterations,
         input_capsules, output_capsules]`.
     """
+    votes = tf.transpose(tf.convert_to_tensor(votes), (0, 1, 3, 2))
+    return _route_votes(votes, bias, iterations, leaky, return_couplings, jit_compile)
+
+
+def _route_votes(votes, bias, iterations, leaky, return_couplings, jit_compile):
+    """`dynamic_routing` of votes laid out `[batch, output, dim, input]`."""
     if _straight_line() and not return_couplings and isinstance(iterations, int):
         return _unrolled_routing(votes, bias, iterations, leaky)
     if jit_compile and not return_couplings:
@@ -133,7 +142,7 @@ def _routing_graph(votes, bias, iterations, leaky, return_couplings):
     # an identity gives the loop a plain tensor, as the layer always does.
     votes = tf.identity(votes)
     iterations = tf.convert_to_tensor(iterations, tf.int32)
-    logits = tf.zeros(tf.shape(votes)[:3], dtype=votes.dtype)  # [batch, out, in]
+    logits = _zero_logits(votes)
 
     def body(step, logits, *history):
         activation, coupling = _routing_outputs(votes, bias, logits, leaky)
@@ -158,20 +167,26 @@ def _routing_graph(votes, bias, iterations, leaky, return_couplings):
     return activation, tf.transpose(couplings, (1, 0, 3, 2))
 
 
+def _zero_logits(votes):
+    """The first iteration's logits `[batch, out, in]` for votes `[batch, out, dim, in]`."""
+    shape = tf.shape(votes)
+    return tf.zeros(tf.stack([shape[0], shape[1], shape[3]]), dtype=votes.dtype)
+
+
 def _routing_outputs(votes, bias, logits, leaky):
     """`(v_j, c_ij)` for the current logits: one routing iteration's outputs."""
     coupling = _coupling(logits, leaky)
-    # s_j = sum_i c_ij u_hat_j|i: [b, j, 1, i] @ [b, j, i, e] -> [b, j, e]
-    # (expand_dims/squeeze, not [:, :, None]: TFLite lacks new-axis slices)
-    preactivation = tf.squeeze(tf.matmul(tf.expand_dims(coupling, 2), votes), 2)
+    # s_j = sum_i c_ij u_hat_j|i: [b, j, e, i] @ [b, j, i, 1] -> [b, j, e]
+    # (expand_dims/squeeze, not [..., None]: TFLite lacks new-axis slices)
+    preactivation = tf.squeeze(tf.matmul(votes, tf.expand_dims(coupling, -1)), -1)
     if bias is not None:
         preactivation = preactivation + bias
     return squash(preactivation, axis=-1), coupling
 
 
 def _agreement(votes, activation):
-    """`<u_hat_j|i, v_j>`: [b, j, i, e] @ [b, j, e, 1] -> [b, j, i]."""
-    return tf.squeeze(tf.matmul(votes, tf.expand_dims(activation, -1)), -1)
+    """`<u_hat_j|i, v_j>`: [b, j, 1, e] @ [b, j, e, i] -> [b, j, i]."""
+    return tf.squeeze(tf.matmul(tf.expand_dims(activation, 2), votes), 2)
 
 
 def _unrolled_routing(votes, bias, iterations, leaky):
@@ -181,7 +196,7 @@ def _unrolled_routing(votes, bias, iterations, leaky):
     straight-line code because a `tf.while_loop`'s gradient accumulators
     cannot leave an XLA cluster that is nested in a TensorFlow graph.
     """
-    logits = tf.zeros(tf.shape(votes)[:3], dtype=votes.dtype)
+    logits = _zero_logits(votes)
     for _ in range(iterations - 1):
         activation, _ = _routing_outputs(votes, bias, logits, leaky)
         logits = logits + _agreement(votes, activation)
@@ -435,9 +450,9 @@ class CapsuleLayer(keras.layers.Layer):
         if self.vote_scale != 1.0:
             kernel = kernel * ops.cast(self.vote_scale, kernel.dtype)
         input_capsules, _, input_dim, _ = self.kernel.shape
-        # votes[b, j, i] = u[b, i] @ kernel[i, j]: a batched matmul over i that
-        # never tiles the kernel per example, written output-major for routing.
-        # This is what tf.einsum("bid,ijde->bjie") computes (bit for bit in
+        # votes[b, j, :, i] = u[b, i] @ kernel[i, j]: a batched matmul over i
+        # that never tiles the kernel per example, laid out for routing.
+        # This is what tf.einsum("bid,ijde->bjei") computes (bit for bit in
         # float32, values and gradients), spelt out as one BatchMatMul
         # [i, b, d] @ [i, d, j * e] between transposes, which TensorFlow runs
         # as one GEMM per input capsule instead of einsum's generic
@@ -451,18 +466,14 @@ class CapsuleLayer(keras.layers.Layer):
         )  # [i, b, j * e]
         votes = tf.transpose(
             tf.reshape(votes, (input_capsules, -1, self.num_capsules, self.capsule_dim)),
-            (1, 2, 0, 3),
-        )  # [b, j, i, e]
+            (1, 2, 3, 0),
+        )  # [b, j, e, i], the layout `_route_votes` takes
         # Routing sums over all input capsules and squashes: float32 at least.
         votes = tf.cast(votes, _routing_dtype(self.compute_dtype))
         bias = None if self.bias is None else tf.cast(self.bias, votes.dtype)
-        result = dynamic_routing(
-            votes,
-            bias,
-            self.routing_iterations,
-            leaky=self.leaky_routing,
-            return_couplings=return_couplings,
-            jit_compile=jit_compile,
+        result = _route_votes(
+            votes, bias, self.routing_iterations, self.leaky_routing, return_couplings,
+            jit_compile,
         )
         if return_couplings:
             activation, couplings = result
