@@ -1,5 +1,7 @@
 """CapsuleLayer and dynamic routing against an independent NumPy float64 reference."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -90,9 +92,10 @@ def test_xla_routing_of_training_calls_matches_float64_reference(iterations, lea
     layer, inputs, kernel, bias = make_layer(iterations, leaky)
     expected, _ = reference_routing(inputs, kernel, bias, iterations, leaky)
     calls = []
-    xla_routing = capsule_layer._xla_routing
+    xla_routing = capsule_layer._xla_routing_in_parts
     monkeypatch.setattr(
-        capsule_layer, "_xla_routing", lambda *args: calls.append(1) or xla_routing(*args)
+        capsule_layer, "_xla_routing_in_parts",
+        lambda *args: calls.append(1) or xla_routing(*args),
     )
     np.testing.assert_allclose(
         layer(inputs, training=True).numpy(), expected, rtol=1e-6, atol=1e-8
@@ -112,6 +115,39 @@ def test_xla_routing_of_training_calls_matches_float64_reference(iterations, lea
     always.set_weights([kernel, bias])
     np.testing.assert_allclose(always(inputs).numpy(), expected, rtol=1e-6, atol=1e-8)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8, 9])
+def test_xla_routing_in_parts_equals_one_call(batch):
+    """Slices of any batch, smaller than the parts or not, known when traced or not."""
+    rng = np.random.default_rng(batch)
+    votes = tf.constant(rng.normal(scale=0.3, size=(batch, 3, 5, 6)))  # [b, j, e, i]
+    bias = tf.constant(rng.normal(scale=0.1, size=(3, 5)))
+    upstream = tf.constant(rng.normal(size=(batch, 3, 5)))
+
+    def routed(parts):
+        @tf.function(input_signature=[tf.TensorSpec((None, 3, 5, 6), tf.float64)])
+        def run(votes):
+            with tf.GradientTape() as tape:
+                tape.watch(votes)
+                outputs = capsule_layer._xla_routing_in_parts(votes, bias, 3, False, parts)
+            return outputs, tape.gradient(outputs, votes, output_gradients=upstream)
+
+        return run(votes)
+
+    outputs, gradient = routed(1)
+    assert np.abs(gradient.numpy()).max() > 1e-3
+    for parts in (2, 4):
+        got_outputs, got_gradient = routed(parts)
+        np.testing.assert_allclose(got_outputs.numpy(), outputs.numpy(), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(got_gradient.numpy(), gradient.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_xla_routing_parts_are_two_per_core_on_cpus(monkeypatch):
+    monkeypatch.setattr(capsule_layer.cpu, "accelerated", lambda: False)
+    assert capsule_layer._xla_routing_parts() == 2 * len(os.sched_getaffinity(0))
+    monkeypatch.setattr(capsule_layer.cpu, "accelerated", lambda: True)
+    assert capsule_layer._xla_routing_parts() == 1
 
 
 def test_xla_routing_gradients_match_numerical():

@@ -1,4 +1,4 @@
-r"""Where a training step's time goes, op by op, from TensorFlow's own trace.
+r"""Where a training or inference step's time goes, op by op, from TensorFlow's trace.
 
 Issue 17 asks to measure before changing: this script traces a few
 `train_on_batch` steps of the `mnist.flags` CapsNet (batch 100) with
@@ -7,6 +7,10 @@ of each TensorFlow op on the CPU threads, grouped by op name and type:
 
     python benchmarks/profile/step_ops.py --precision=bfloat16 --steps=5 \
         --output=benchmarks/results/NAME/ops_bfloat16.md
+
+With `--inference` it traces the model's inference call instead (the graph
+the SavedModel's `serving_float` signature holds), at `--batch_size` (256 in
+the benchmark's inference section).
 
 Op times overlap when the two inter-op threads run ops at once, so their sum
 can exceed the step's wall time, and an op that shares the cores with another
@@ -73,6 +77,8 @@ def main():
     parser.add_argument("--batch_size", type=int, default=100)
     parser.add_argument("--steps", type=int, default=5, help="traced steps (after 3 untraced)")
     parser.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+    parser.add_argument("--inference", action="store_true",
+                        help="trace inference calls (lengths, no training) instead")
     parser.add_argument("--output", default="", help="also write the tables to this file")
     args = parser.parse_args()
     if args.steps < 1 or args.batch_size < 1:
@@ -85,17 +91,30 @@ def main():
     # The model and the batch that experiments/benchmark.py times.
     model = benchmarking.mnist_capsnet(args.precision)
     x, y = benchmarking.random_mnist_batch(args.batch_size)
+    if args.inference:
+        inference = tf.function(
+            lambda images: model.inference_model()(images, training=False)["length"],
+            autograph=False,
+        )
+
+        def step():
+            benchmarking.blocking(inference(x["image"]))
+    else:
+
+        def step():
+            model.train_on_batch(x, y)
+
     for _ in range(3):
-        model.train_on_batch(x, y)
+        step()
     walls = []
     for _ in range(args.steps):
         start = time.perf_counter()
-        model.train_on_batch(x, y)
+        step()
         walls.append(time.perf_counter() - start)
     logdir = tempfile.mkdtemp(prefix="capsnet_profile_")
     tf.profiler.experimental.start(logdir)
     for _ in range(args.steps):
-        model.train_on_batch(x, y)
+        step()
     tf.profiler.experimental.stop()
     paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
     if not paths:
@@ -108,7 +127,8 @@ def main():
         by_type[op_type] += ms
     step_ms = 1e3 * statistics.median(walls)
     lines = [
-        f"{args.precision}, batch {args.batch_size}: step {step_ms:.1f} ms wall "
+        f"{args.precision}{' inference' if args.inference else ''}, batch {args.batch_size}: "
+        f"step {step_ms:.1f} ms wall "
         f"(median of {args.steps}, {args.batch_size / step_ms * 1e3:.1f} images/s); "
         f"op time {sum(by_type.values()):.1f} ms a step over {args.steps} traced steps",
         "", "| op | type | ms a step | calls a step |", "| --- | --- | --- | --- |"]

@@ -2,12 +2,14 @@
 
 import contextlib
 import numbers
+import os
 import threading
 
 import keras
 import tensorflow as tf
 from keras import ops
 
+from capsnet_tf import cpu
 from capsnet_tf.ops import squash
 
 __all__ = ["CapsuleLayer", "dynamic_routing", "straight_line_routing"]
@@ -129,7 +131,9 @@ def _route_votes(votes, bias, iterations, leaky, return_couplings, jit_compile):
             )
         if bias is not None:  # e.g. a Keras variable, which tf.function cannot take
             bias = tf.convert_to_tensor(bias)
-        return _xla_routing(tf.convert_to_tensor(votes), bias, iterations, leaky)
+        return _xla_routing_in_parts(
+            tf.convert_to_tensor(votes), bias, iterations, leaky, _xla_routing_parts()
+        )
     if tf.executing_eagerly():
         return _compiled_routing(votes, bias, iterations, leaky, return_couplings)
     return _routing_graph(votes, bias, iterations, leaky, return_couplings)
@@ -201,6 +205,41 @@ def _unrolled_routing(votes, bias, iterations, leaky):
         activation, _ = _routing_outputs(votes, bias, logits, leaky)
         logits = logits + _agreement(votes, activation)
     return _routing_outputs(votes, bias, logits, leaky)[0]
+
+
+def _xla_routing_parts():
+    """Into how many parts `_xla_routing_in_parts` cuts the batch: 2 per CPU core.
+
+    1 where TensorFlow sees a GPU or TPU, whose XLA kernels use the whole
+    device. On CPUs, more parts than cores keeps both inter-op threads busy
+    to the end (4 and 8 parts trained equally fast on 2 cores, 2 parts
+    slower; docs/performance.md).
+    """
+    if cpu.accelerated():
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        cores = os.cpu_count() or 1
+    return 2 * cores
+
+
+def _xla_routing_in_parts(votes, bias, iterations, leaky, parts):
+    """`_xla_routing` of `parts` slices of the batch, independent of each other.
+
+    XLA's CPU code runs the routing's fused loops on one thread, so one call
+    leaves the other cores idle for the routing, forward and backward; routing
+    is per example, and separate calls on slices of the batch run side by
+    side on TensorFlow's inter-op threads, each compiled once per slice size.
+    The batch may be unknown when traced (`model.fit`) or smaller than
+    `parts` (empty slices route nothing). Same values as one call.
+    """
+    if parts == 1:
+        return _xla_routing(votes, bias, iterations, leaky)
+    batch = tf.shape(votes)[0]
+    sizes = batch // parts + tf.cast(tf.range(parts) < batch % parts, tf.int32)
+    slices = tf.split(votes, sizes, num=parts, axis=0)
+    return tf.concat([_xla_routing(part, bias, iterations, leaky) for part in slices], 0)
 
 
 # One trace per (iterations, leaky, return_couplings) and dtype; any batch size.
