@@ -92,11 +92,11 @@ def test_xla_routing_of_training_calls_matches_float64_reference(iterations, lea
     layer, inputs, kernel, bias = make_layer(iterations, leaky)
     expected, _ = reference_routing(inputs, kernel, bias, iterations, leaky)
     calls = []
-    xla_routing = capsule_layer._xla_routing_in_parts
+    xla_routing = capsule_layer._xla_routing
     monkeypatch.setattr(
-        capsule_layer, "_xla_routing_in_parts",
-        lambda *args: calls.append(1) or xla_routing(*args),
+        capsule_layer, "_xla_routing", lambda *args: calls.append(1) or xla_routing(*args)
     )
+    monkeypatch.setattr(capsule_layer, "_xla_routing_parts", lambda: 1)  # one call a batch
     np.testing.assert_allclose(
         layer(inputs, training=True).numpy(), expected, rtol=1e-6, atol=1e-8
     )
@@ -118,29 +118,44 @@ def test_xla_routing_of_training_calls_matches_float64_reference(iterations, lea
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8, 9])
-def test_xla_routing_in_parts_equals_one_call(batch):
-    """Slices of any batch, smaller than the parts or not, known when traced or not."""
-    rng = np.random.default_rng(batch)
-    votes = tf.constant(rng.normal(scale=0.3, size=(batch, 3, 5, 6)))  # [b, j, e, i]
-    bias = tf.constant(rng.normal(scale=0.1, size=(3, 5)))
-    upstream = tf.constant(rng.normal(size=(batch, 3, 5)))
+def test_xla_routing_in_slices_of_the_batch_equals_one_call(batch, monkeypatch):
+    """Slices of any batch, smaller than the parts or not, unknown when traced."""
+    layer, _, _, _ = make_layer(3, leaky=False)
+    inputs = tf.constant(np.random.default_rng(batch).normal(size=(batch, 6, 4)))
+    upstream = tf.constant(np.random.default_rng(batch + 1).normal(size=(batch, 3, 5)))
+    calls = []
+    xla_routing = capsule_layer._xla_routing
+    monkeypatch.setattr(
+        capsule_layer, "_xla_routing", lambda *args: calls.append(1) or xla_routing(*args)
+    )
 
     def routed(parts):
-        @tf.function(input_signature=[tf.TensorSpec((None, 3, 5, 6), tf.float64)])
-        def run(votes):
+        monkeypatch.setattr(capsule_layer, "_xla_routing_parts", lambda: parts)
+
+        @tf.function(input_signature=[tf.TensorSpec((None, 6, 4), tf.float64)])
+        def run(inputs):
             with tf.GradientTape() as tape:
-                tape.watch(votes)
-                outputs = capsule_layer._xla_routing_in_parts(votes, bias, 3, False, parts)
-            return outputs, tape.gradient(outputs, votes, output_gradients=upstream)
+                tape.watch(inputs)
+                outputs = layer(inputs, training=True)
+            return outputs, tape.gradient(
+                outputs, [inputs, layer.kernel], output_gradients=upstream
+            )
 
-        return run(votes)
+        return run(inputs)
 
-    outputs, gradient = routed(1)
-    assert np.abs(gradient.numpy()).max() > 1e-3
+    outputs, (input_gradient, kernel_gradient) = routed(1)
+    assert len(calls) == 1
+    assert np.abs(kernel_gradient.numpy()).max() > 1e-3
     for parts in (2, 4):
-        got_outputs, got_gradient = routed(parts)
-        np.testing.assert_allclose(got_outputs.numpy(), outputs.numpy(), rtol=1e-12, atol=1e-14)
-        np.testing.assert_allclose(got_gradient.numpy(), gradient.numpy(), rtol=1e-12, atol=1e-14)
+        got, (got_input_gradient, got_kernel_gradient) = routed(parts)
+        np.testing.assert_allclose(got.numpy(), outputs.numpy(), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(
+            got_input_gradient.numpy(), input_gradient.numpy(), rtol=1e-12, atol=1e-14
+        )
+        np.testing.assert_allclose(
+            got_kernel_gradient.numpy(), kernel_gradient.numpy(), rtol=1e-10, atol=1e-13
+        )
+    assert len(calls) == 1 + 2 + 4  # one XLA call a slice
 
 
 def test_xla_routing_parts_are_two_per_core_on_cpus(monkeypatch):

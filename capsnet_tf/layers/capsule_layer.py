@@ -131,9 +131,7 @@ def _route_votes(votes, bias, iterations, leaky, return_couplings, jit_compile):
             )
         if bias is not None:  # e.g. a Keras variable, which tf.function cannot take
             bias = tf.convert_to_tensor(bias)
-        return _xla_routing_in_parts(
-            tf.convert_to_tensor(votes), bias, iterations, leaky, _xla_routing_parts()
-        )
+        return _xla_routing(tf.convert_to_tensor(votes), bias, iterations, leaky)
     if tf.executing_eagerly():
         return _compiled_routing(votes, bias, iterations, leaky, return_couplings)
     return _routing_graph(votes, bias, iterations, leaky, return_couplings)
@@ -208,12 +206,12 @@ def _unrolled_routing(votes, bias, iterations, leaky):
 
 
 def _xla_routing_parts():
-    """Into how many parts `_xla_routing_in_parts` cuts the batch: 2 per CPU core.
+    """Into how many slices `CapsuleLayer` cuts a batch for XLA routing: 2 per CPU core.
 
     1 where TensorFlow sees a GPU or TPU, whose XLA kernels use the whole
-    device. On CPUs, more parts than cores keeps both inter-op threads busy
-    to the end (4 and 8 parts trained equally fast on 2 cores, 2 parts
-    slower; docs/performance.md).
+    device. On CPUs, more slices than cores keeps both inter-op threads busy
+    to the end (4 and 8 slices trained equally fast on 2 cores, 2 slower;
+    docs/performance.md).
     """
     if cpu.accelerated():
         return 1
@@ -224,22 +222,21 @@ def _xla_routing_parts():
     return 2 * cores
 
 
-def _xla_routing_in_parts(votes, bias, iterations, leaky, parts):
-    """`_xla_routing` of `parts` slices of the batch, independent of each other.
+def _in_slices(function, inputs, parts):
+    """`function` of `parts` slices of the batch, run independently and concatenated.
 
     XLA's CPU code runs the routing's fused loops on one thread, so one call
-    leaves the other cores idle for the routing, forward and backward; routing
-    is per example, and separate calls on slices of the batch run side by
-    side on TensorFlow's inter-op threads, each compiled once per slice size.
-    The batch may be unknown when traced (`model.fit`) or smaller than
-    `parts` (empty slices route nothing). Same values as one call.
+    for the whole batch leaves the other cores idle through the routing,
+    forward and backward. Routing is per example: separate calls on slices
+    of the batch (votes, routing and their gradients) run side by side on
+    TensorFlow's inter-op threads, each compiled once per slice size. The
+    batch may be unknown when traced (`model.fit`) or smaller than `parts`
+    (empty slices route nothing).
     """
-    if parts == 1:
-        return _xla_routing(votes, bias, iterations, leaky)
-    batch = tf.shape(votes)[0]
+    batch = tf.shape(inputs)[0]
     sizes = batch // parts + tf.cast(tf.range(parts) < batch % parts, tf.int32)
-    slices = tf.split(votes, sizes, num=parts, axis=0)
-    return tf.concat([_xla_routing(part, bias, iterations, leaky) for part in slices], 0)
+    slices = tf.split(inputs, sizes, num=parts, axis=0)
+    return tf.concat([function(part) for part in slices], 0)
 
 
 # One trace per (iterations, leaky, return_couplings) and dtype; any batch size.
@@ -466,6 +463,10 @@ class CapsuleLayer(keras.layers.Layer):
         jit_compile = self.jit_compile is True or (
             self.jit_compile == "training" and bool(training)
         )
+        if jit_compile and not (return_couplings or _straight_line() or _in_xla_context()):
+            parts = _xla_routing_parts()
+            if parts > 1:
+                return _in_slices(lambda part: self._route(part, False, True), inputs, parts)
         if (
             self.inference_chunk_size is None
             or training
