@@ -16,7 +16,9 @@ Op times overlap when the two inter-op threads run ops at once, so their sum
 can exceed the step's wall time, and an op that shares the cores with another
 takes longer than it would alone; the step's wall time (median of as many
 steps, timed before tracing) is printed beside them. An XLA-compiled function
-(the routing loop) counts as one row.
+(the routing loop) counts as one row. `--timeline=MS` adds one step's ops
+of MS or more in time order, with the thread each ran on: the serial chain
+of the step and the ops that run side by side.
 """
 
 import argparse
@@ -34,17 +36,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import capsnet_tf  # noqa: E402, F401  (first: its TF_ENABLE_ONEDNN_OPTS default, before TensorFlow)
 
 
-def op_times(xplane_path):
-    """Sums event durations per (op name, op type) over the host's TF op lines.
+def op_events(xplane_path):
+    """The TF ops (and XLA-compiled functions) on the host's executor threads.
 
-    Returns a dict from (name, type) to (total milliseconds, event count).
+    Returns a list of `(start_ms, end_ms, op_name, op_type, thread)`, sorted
+    by start.
     """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
     with open(xplane_path, "rb") as f:
         space.ParseFromString(f.read())
-    totals = collections.defaultdict(lambda: [0.0, 0])
+    events = []
     for plane in space.planes:
         if plane.name != "/host:CPU":
             continue
@@ -65,10 +68,57 @@ def op_times(xplane_path):
                     # contain the ops they run and would count them twice.
                     continue
                 op_name, op_type = name.rsplit(":", 1)
-                entry = totals[(op_name, op_type)]
-                entry[0] += event.duration_ps / 1e9
-                entry[1] += 1
+                start = (line.timestamp_ns * 1000 + event.offset_ps) / 1e9
+                events.append(
+                    (start, start + event.duration_ps / 1e9, op_name, op_type, line.id)
+                )
+    return sorted(events)
+
+
+def op_times(events):
+    """Sums `op_events` per (op name, op type): dict to (total ms, event count)."""
+    totals = collections.defaultdict(lambda: [0.0, 0])
+    for start, end, op_name, op_type, _ in events:
+        entry = totals[(op_name, op_type)]
+        entry[0] += end - start
+        entry[1] += 1
     return totals
+
+
+def timeline(events, shortest_ms):
+    """Markdown rows of the traced ops longer than `shortest_ms`, in time order.
+
+    Ops that overlap ran side by side (each row names its executor thread),
+    which is how a step's serial chain, and an idle core, show.
+
+    Returns:
+        The rows and the span from the first op's start to the last op's end, ms.
+    """
+    origin = events[0][0]
+    threads = {}
+    rows = ["| start, ms | end, ms | ms | thread | op | type |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for start, end, op_name, op_type, thread in events:
+        if end - start >= shortest_ms:
+            label = threads.setdefault(thread, len(threads) + 1)
+            rows.append(f"| {start - origin:.1f} | {end - origin:.1f} | {end - start:.1f} "
+                        f"| {label} | `{op_name}` | {op_type} |")
+    return rows, max(end for _, end, *_ in events) - origin
+
+
+def traced_events(step, steps):
+    """`op_events` of `steps` calls of `step` under TensorFlow's profiler."""
+    import tensorflow as tf
+
+    logdir = tempfile.mkdtemp(prefix="capsnet_profile_")
+    tf.profiler.experimental.start(logdir)
+    for _ in range(steps):
+        step()
+    tf.profiler.experimental.stop()
+    paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+        raise SystemExit(f"The profiler wrote no .xplane.pb under {logdir}.")
+    return op_events(paths[0])
 
 
 def main():
@@ -77,6 +127,8 @@ def main():
     parser.add_argument("--batch_size", type=int, default=100)
     parser.add_argument("--steps", type=int, default=5, help="traced steps (after 3 untraced)")
     parser.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+    parser.add_argument("--timeline", type=float, default=0.0, metavar="MS",
+                        help="also trace one step alone and list its ops of MS or more")
     parser.add_argument("--inference", action="store_true",
                         help="trace inference calls (lengths, no training) instead")
     parser.add_argument("--output", default="", help="also write the tables to this file")
@@ -111,15 +163,7 @@ def main():
         start = time.perf_counter()
         step()
         walls.append(time.perf_counter() - start)
-    logdir = tempfile.mkdtemp(prefix="capsnet_profile_")
-    tf.profiler.experimental.start(logdir)
-    for _ in range(args.steps):
-        step()
-    tf.profiler.experimental.stop()
-    paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
-    if not paths:
-        raise SystemExit(f"The profiler wrote no .xplane.pb under {logdir}.")
-    totals = op_times(paths[0])
+    totals = op_times(traced_events(step, args.steps))
 
     per_step = {key: (ms / args.steps, count / args.steps) for key, (ms, count) in totals.items()}
     by_type = collections.defaultdict(float)
@@ -138,6 +182,11 @@ def main():
     lines += ["", "| op type | ms a step |", "| --- | --- |"]
     for op_type, ms in sorted(by_type.items(), key=lambda kv: -kv[1])[:args.top]:
         lines.append(f"| {op_type} | {ms:.1f} |")
+    if args.timeline > 0:
+        # One more step traced alone, so that its ops are the whole trace.
+        rows, span = timeline(traced_events(step, 1), args.timeline)
+        lines += ["", f"One more step traced alone: {span:.1f} ms from its first op to its "
+                  f"last; its ops of {args.timeline:g} ms or more, in order:", ""] + rows
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:

@@ -337,7 +337,9 @@ class CapsuleLayer(keras.layers.Layer):
         jit_compile: when the routing is compiled with XLA (see
             `dynamic_routing`): `"training"` (default) in training calls
             only, so inference and exported models keep one graph for every
-            batch size; `True` always; `False` never.
+            batch size; `True` always; `False` never. On CPUs the XLA calls
+            route 2 slices of the batch per core side by side (XLA's CPU
+            code runs the routing on one thread); the values are the same.
         inference_chunk_size: inference calls (not training, no XLA, no
             couplings, no GPU visible) route the batch this many examples at
             a time, so each chunk's votes stay in the CPU caches through the
