@@ -82,21 +82,27 @@ def test_invalid_arguments(kwargs, message):
     [(12, 5, 2), (10, 4, 2), (20, 9, 2), (9, 3, 1), (11, 3, 3), ((13, 10), 5, 2)],
 )
 @pytest.mark.parametrize(
-    "dtype, input_gradient",
-    [("float64", "col2im"), ("float64", "backprop_input"), ("bfloat16", "col2im"),
-     ("bfloat16", "backprop_input"), ("bfloat16", None)],
+    "dtype, input_gradient, unit",
+    [("float64", "col2im", None), ("float64", "backprop_input", None),
+     ("bfloat16", "col2im", None), ("bfloat16", "col2im", "amx"),
+     ("bfloat16", "backprop_input", None), ("bfloat16", None, "real")],
 )
 def test_matmul_convolution_values_and_gradients_match_float64(
-    size, kernel_size, strides, dtype, input_gradient
+    size, kernel_size, strides, dtype, input_gradient, unit, monkeypatch
 ):
     """im2col + matmul equals the float64 convolution, values and both gradients.
 
     Both forms of the input gradient run on every CPU (each is the default on
-    one kind), and so does the default the layer picks here (`None`).
+    one kind), so does AMX's transposed bfloat16 product (`unit="amx"`), and
+    so does the default the layer picks on this CPU (`None`, `"real"`).
     """
     import tensorflow as tf
 
+    from capsnet_tf import cpu
     from capsnet_tf.layers.primary_capsule import _valid_conv_as_matmul
+
+    if unit != "real":
+        monkeypatch.setattr(cpu, "bfloat16_unit", lambda: unit)
 
     height, width = size if isinstance(size, tuple) else (size, size)
     rng = np.random.default_rng(0)
