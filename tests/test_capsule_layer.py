@@ -160,7 +160,9 @@ def test_xla_routing_in_slices_of_the_batch_equals_one_call(batch, monkeypatch):
 
 def test_xla_routing_parts_are_two_per_core_on_cpus(monkeypatch):
     monkeypatch.setattr(capsule_layer.cpu, "accelerated", lambda: False)
-    assert capsule_layer._xla_routing_parts() == 2 * len(os.sched_getaffinity(0))
+    for cores, parts in ((1, 2), (2, 4), (8, 16), (64, 16)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
+        assert capsule_layer._xla_routing_parts() == parts
     monkeypatch.setattr(capsule_layer.cpu, "accelerated", lambda: True)
     assert capsule_layer._xla_routing_parts() == 1
 

@@ -205,13 +205,18 @@ def _unrolled_routing(votes, bias, iterations, leaky):
     return _routing_outputs(votes, bias, logits, leaky)[0]
 
 
+_MOST_ROUTING_SLICES = 16
+
+
 def _xla_routing_parts():
     """Into how many slices `CapsuleLayer` cuts a batch for XLA routing: 2 per CPU core.
 
     1 where TensorFlow sees a GPU or TPU, whose XLA kernels use the whole
     device. On CPUs, more slices than cores keeps both inter-op threads busy
     to the end (4 and 8 slices trained equally fast on 2 cores, 2 slower;
-    docs/performance.md).
+    docs/performance.md). At most 16: measured on 2 cores only, the cap
+    keeps slices of a batch of 100-128 at 6 examples or more on large
+    machines, where every slice adds its own dozens of small ops.
     """
     if cpu.accelerated():
         return 1
@@ -219,7 +224,7 @@ def _xla_routing_parts():
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not on Linux
         cores = os.cpu_count() or 1
-    return 2 * cores
+    return min(2 * cores, _MOST_ROUTING_SLICES)
 
 
 def _in_slices(function, inputs, parts):
