@@ -26,8 +26,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import capsnet_tf  # noqa: E402, F401  (first: its TF_ENABLE_ONEDNN_OPTS default, before TensorFlow)
 
-# The form each bfloat16_unit() answer makes _valid_conv_as_matmul pick in bfloat16.
-FORMS = {"backprop_input": "avx512_bf16", "col2im": None}
+
+def forms():
+    """The `bfloat16_unit()` answer that makes `_valid_conv_as_matmul` pick each form.
+
+    col2im keeps this CPU's answer where it is AMX, so that its bfloat16
+    product takes AMX's transposed form (`_patch_product`) as in training.
+    """
+    from capsnet_tf import cpu
+
+    return {"backprop_input": "avx512_bf16",
+            "col2im": "amx" if cpu.bfloat16_unit() == "amx" else None}
 
 
 def main():
@@ -37,44 +46,38 @@ def main():
     parser.add_argument("--float32", action="store_true", help="time float32 steps too")
     parser.add_argument("--output", default="", help="write the rates to this JSON file")
     args = parser.parse_args()
-    import keras
     import numpy as np
 
-    from capsnet_tf import cpu, training
-    from capsnet_tf.benchmarking import alternate, matmul_ceilings, model_flops_per_image
-    from capsnet_tf.config import ExperimentConfig
+    from capsnet_tf import cpu
+    from capsnet_tf.benchmarking import (
+        alternate,
+        matmul_ceilings,
+        mnist_capsnet,
+        model_flops_per_image,
+        random_mnist_batch,
+    )
 
-    rng = np.random.default_rng(0)
-    images = rng.random((args.batch_size, 28, 28, 1), dtype=np.float32)
-    labels = rng.integers(0, 10, args.batch_size).astype(np.int32)
+    inputs, targets = random_mnist_batch(args.batch_size)
 
-    def training_step(policy, unit):
-        keras.config.set_dtype_policy(policy)
-        config = ExperimentConfig()
-        model = training.build_model(config, (28, 28, 1), 10)
-        training.compile_model(model, config, 1, 600)
+    def training_step(precision, unit):
+        model = mnist_capsnet(precision)
 
         def step():
             # The form is chosen when the step is traced (its first call).
             with mock.patch.object(cpu, "bfloat16_unit", return_value=unit):
-                return model.train_on_batch(
-                    {"image": images, "label": labels},
-                    {"length": labels, "reconstruction": images},
-                )
+                return model.train_on_batch(inputs, targets)
 
         return step
 
     matmuls, matmul_flops = matmul_ceilings()
     functions = {"matmul_float32": matmuls["float32"], "matmul_bfloat16": matmuls["bfloat16"]}
-    precisions = {"bfloat16": "mixed_bfloat16"}
-    if args.float32:
-        precisions["float32"] = "float32"
-    for precision, policy in precisions.items():
-        for form, unit in FORMS.items():
+    precisions = ["bfloat16", "float32"] if args.float32 else ["bfloat16"]
+    for precision in precisions:
+        for form, unit in forms().items():
             if precision == "float32" and form == "backprop_input":
                 # In float32 backprop_input is only reachable by name.
                 continue
-            functions[f"{form}_{precision}"] = training_step(policy, unit)
+            functions[f"{form}_{precision}"] = training_step(precision, unit)
     times = alternate(functions, rounds=args.rounds, steps=3, warmup=2)
     train_flops = 3 * model_flops_per_image()
     report = {"instruction_sets": cpu.instruction_sets(), "rounds": args.rounds, "rates": {}}

@@ -32,31 +32,26 @@ def main():
 
     if args.inter_op:
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
-    import keras
+    from capsnet_tf.benchmarking import (
+        alternate,
+        matmul_ceilings,
+        mnist_capsnet,
+        model_flops_per_image,
+        random_mnist_batch,
+    )
 
-    from capsnet_tf import training
-    from capsnet_tf.benchmarking import alternate, matmul_ceilings, model_flops_per_image
-    from capsnet_tf.config import ExperimentConfig
+    inputs, targets = random_mnist_batch(args.batch_size)
 
-    rng = np.random.default_rng(0)
-    images = rng.random((args.batch_size, 28, 28, 1), dtype=np.float32)
-    labels = rng.integers(0, 10, args.batch_size).astype(np.int32)
-
-    def training_step(policy):
-        keras.config.set_dtype_policy(policy)
-        config = ExperimentConfig()
-        model = training.build_model(config, (28, 28, 1), 10)
-        training.compile_model(model, config, 1, 600)
-        return lambda: model.train_on_batch(
-            {"image": images, "label": labels}, {"length": labels, "reconstruction": images}
-        )
+    def training_step(precision):
+        model = mnist_capsnet(precision)
+        return lambda: model.train_on_batch(inputs, targets)
 
     matmuls, matmul_flops = matmul_ceilings()
     functions = {
         "matmul_float32": matmuls["float32"],
         "matmul_bfloat16": matmuls["bfloat16"],
         "train_float32": training_step("float32"),
-        "train_bfloat16": training_step("mixed_bfloat16"),
+        "train_bfloat16": training_step("bfloat16"),
     }
     times = alternate(functions, rounds=args.rounds, steps=2, warmup=2)
     median = {name: float(np.median(seconds)) for name, seconds in times.items()}
