@@ -10,6 +10,7 @@ Layers that pick a form by CPU ask here, once.
 """
 
 import functools
+import os
 
 __all__ = [
     "MATMUL_INSTRUCTION_SETS", "accelerated", "bfloat16_unit", "family_and_model", "has_amx",
@@ -102,6 +103,14 @@ def onednn_enabled():
     except ImportError:
         return None
     return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def usable_cores():
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
 
 
 def accelerated():

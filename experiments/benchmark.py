@@ -98,6 +98,22 @@ def _ratios(numerators, denominators):
     return benchmarking.summary([n / d for n, d in zip(numerators, denominators)])
 
 
+def _matmul_gflops(times, matmuls, matmul_flops):
+    """Per-precision summaries of the alternated matmul ceilings' rates, GFLOP/s."""
+    return {
+        name: benchmarking.summary([matmul_flops / t / 1e9 for t in times[f"matmul_{name}"]])
+        for name in matmuls
+    }
+
+
+def _matmul_of(precision):
+    """The matmul ceiling a model in `precision` is measured against.
+
+    float16 against bfloat16's: both are 16-bit inputs on these CPUs.
+    """
+    return "matmul_float32" if precision == "float32" else "matmul_bfloat16"
+
+
 def _build(precision, routing_iterations=None, jit_compile=None):
     """A compiled MNIST CapsNet in `precision`, routing and XLA from the flags by default."""
     return benchmarking.mnist_capsnet(
@@ -133,10 +149,7 @@ def run_train(results):
         ),
         "ceiling_step_seconds": benchmarking.summary(times["ceiling"]),
         "matmul_size": benchmarking.MATMUL_SIZE,
-        "matmul_gflops": {
-            name: benchmarking.summary([matmul_flops / t / 1e9 for t in times[f"matmul_{name}"]])
-            for name in matmuls
-        },
+        "matmul_gflops": _matmul_gflops(times, matmuls, matmul_flops),
     }
     for precision in models:
         section[precision] = {
@@ -149,9 +162,8 @@ def run_train(results):
                 [ceiling_flops * t for t in times[precision]],
             ),
         }
-        # Against the matmul rate of its own precision (float16 against
-        # bfloat16's: both are 16-bit inputs on these CPUs), round by round.
-        matmul = times["matmul_float32" if precision == "float32" else "matmul_bfloat16"]
+        # Against the matmul rate of its own precision, round by round.
+        matmul = times[_matmul_of(precision)]
         section[precision]["fraction_of_matmul_ceiling"] = _ratios(
             [train_flops * t for t in matmul], [matmul_flops * t for t in times[precision]]
         )
@@ -200,16 +212,14 @@ def run_inference(results, models):
         "forward_ceiling_gflops": benchmarking.summary(
             [ceiling_flops / t / 1e9 for t in times["forward_ceiling"]]
         ),
-        "matmul_gflops": {
-            name: benchmarking.summary([matmul_flops / t / 1e9 for t in times[f"matmul_{name}"]])
-            for name in matmuls
-        },
+        "matmul_gflops": _matmul_gflops(times, matmuls, matmul_flops),
     }
     for name in functions:
         if name == "forward_ceiling" or name.startswith("matmul_"):
             continue
         # The SavedModel serves float32; a Keras model against its own precision's matmul.
-        matmul = times["matmul_bfloat16" if name.endswith("16") else "matmul_float32"]
+        precision = "float32" if name == "saved_model" else name.removeprefix("keras_")
+        matmul = times[_matmul_of(precision)]
         section[name] = {
             "images_per_second": benchmarking.summary([batch / t for t in times[name]]),
             "fraction_of_forward_ceiling": _ratios(

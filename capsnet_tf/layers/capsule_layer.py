@@ -2,7 +2,6 @@
 
 import contextlib
 import numbers
-import os
 import threading
 
 import keras
@@ -220,11 +219,7 @@ def _xla_routing_parts():
     """
     if cpu.accelerated():
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        cores = os.cpu_count() or 1
-    return min(2 * cores, _MOST_ROUTING_SLICES)
+    return min(2 * cpu.usable_cores(), _MOST_ROUTING_SLICES)
 
 
 def _in_slices(function, inputs, parts):
