@@ -28,6 +28,7 @@ __all__ = [
     "percentile",
     "primary_conv_flops",
     "random_mnist_batch",
+    "step_traffic_bytes",
     "summary",
 ]
 
@@ -47,6 +48,46 @@ def primary_conv_flops(batch, backward=True):
     """FLOPs of the PrimaryCaps convolution: forward, or forward + 2 gradients."""
     forward = 2 * batch * 6 * 6 * 9 * 9 * 256 * 256
     return 3 * forward if backward else forward
+
+
+def step_traffic_bytes(batch, itemsize, parameters, routing_iterations=3):
+    """The least memory traffic of an MNIST CapsNet training step, bytes by item.
+
+    A floor, not an estimate of what TensorFlow moves: only the traffic that
+    any step built on PrimaryCaps' matmuls (im2col, one matmul per pass,
+    col2im) must add to those matmuls' own reads and writes.
+
+    - the patches `[batch * 36, 9 * 9 * 256]`, written once by the im2col;
+    - their gradients, read once by the fold;
+    - the routing's votes `[batch, 10, 16, 1152]`: written once, read once
+      per forward iteration (each agreement fused with the next weighted
+      sum) and once per backward iteration but the first (the couplings'
+      and the activations' gradients of one iteration share a pass); their
+      gradient is not counted, as if it fed the votes' product unwritten;
+    - Adam: float32 weights, both moments and gradients read, weights and
+      moments written.
+
+    Everything else (conv1 and its gradient, casts, transposes, the decoder,
+    the fold's and the gather's other side) counts as free.
+
+    Args:
+        batch: examples a step.
+        itemsize: bytes per element of the patches and votes (2 in
+            bfloat16, 4 in float32).
+        parameters: the model's trainable weights, in elements.
+        routing_iterations: routing iterations (the paper's 3).
+
+    Returns:
+        Dict item -> bytes.
+    """
+    patches = batch * 6 * 6 * 9 * 9 * 256 * itemsize
+    votes = batch * 10 * 16 * 1152 * itemsize
+    return {
+        "patches": patches,
+        "patch_gradients": patches,
+        "votes": 2 * routing_iterations * votes,
+        "adam": 7 * 4 * parameters,
+    }
 
 
 def summary(values):
@@ -134,11 +175,18 @@ def percentile(values, fraction):
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
-def conv_ceilings(batch):
-    """Float32 forward+backward and forward-only PrimaryCaps convolutions."""
-    inputs = tf.Variable(tf.random.uniform((batch, 20, 20, 256), seed=1))
-    kernel = tf.Variable(tf.random.normal((9, 9, 256, 256), stddev=0.01, seed=2))
-    upstream = tf.random.normal((batch, 6, 6, 256), seed=3)
+def conv_ceilings(batch, dtype=tf.float32):
+    """TensorFlow's PrimaryCaps convolution, forward+backward and forward only.
+
+    The benchmark's ceilings are float32 (the default); `dtype=tf.bfloat16`
+    times oneDNN's bfloat16 convolution, as `benchmarks/profile/floor.py`
+    compares.
+    """
+    inputs = tf.Variable(tf.cast(tf.random.uniform((batch, 20, 20, 256), seed=1), dtype))
+    kernel = tf.Variable(
+        tf.cast(tf.random.normal((9, 9, 256, 256), stddev=0.01, seed=2), dtype)
+    )
+    upstream = tf.cast(tf.random.normal((batch, 6, 6, 256), seed=3), dtype)
 
     @tf.function
     def forward_backward():
