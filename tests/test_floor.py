@@ -47,10 +47,11 @@ def test_floor_fractions_from_hand_made_times():
         "forward_float32": [0.1], "kernel_gradient_float32": [0.1],
         "input_gradient_float32": [0.2], "all_float32": [0.3],  # beats 0.1 + 0.1 + 0.2
         "convolution_float32": [0.5],
-        "stream_read": [0.001],  # 1e6 bytes in 1 ms: 1 GB/s, the faster of the two
-        "stream_scale": [0.004],  # 2e6 bytes moved in 4 ms: 0.5 GB/s
+        "read": [0.001],  # 1e6 bytes in 1 ms: 1 GB/s, the fastest
+        "scale": [0.004],  # 2e6 bytes moved in 4 ms: 0.5 GB/s
     }
-    results = floor.analyse(times, ["float32"], 100, traffic, 1e6, matmul_flops)
+    streams = {"read": 1e6, "scale": 2e6}
+    results = floor.analyse(times, ["float32"], 100, traffic, streams, matmul_flops)
     train_flops = 3 * benchmarking.model_flops_per_image() * 100
     rate = 200e9
     f32 = results["float32"]

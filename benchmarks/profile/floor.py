@@ -18,8 +18,8 @@ Per precision and round:
 - the least memory traffic the rest of the step must add
   (`capsnet_tf.benchmarking.step_traffic_bytes`: patches, their gradients,
   the routing's votes, Adam), credited at the fastest rate TensorFlow moved
-  bytes here in the same round (a sum reduction or a scale of a tensor the
-  size of the bfloat16 patches);
+  bytes here in the same round (a sum reduction or a scale of tensors of
+  32 MiB, 64 MiB and the bfloat16 patches' size);
 - the floor, their sum: every other op (conv1, casts, transposes, the
   decoder, the routing's arithmetic) counts as free and nothing overlaps
   the matmuls. The training FLOPs over the floor, over the matmul rate, is
@@ -89,14 +89,28 @@ def primary_matmuls(patches, kernel, upstream):
     }
 
 
-def streams(size_bytes):
-    """`(read, scale)`: a sum over, and a scaled copy of, a float32 tensor of `size_bytes`."""
+def streams(sizes):
+    """Functions that move memory, and the bytes each moves a call.
+
+    For each size (bytes): a sum over a float32 tensor of that size (reads
+    it) and the tensor scaled into a new one (reads and writes it). Small
+    tensors pay per-op overheads and large ones leave the caches, so the
+    fastest of them is the rate the floor credits.
+
+    Returns:
+        Dict name -> `(function, bytes moved a call)`.
+    """
     import tensorflow as tf
 
-    tensor = tf.Variable(tf.random.uniform((size_bytes // 4,), seed=9))
-    read = tf.function(lambda: tf.reduce_sum(tensor), autograph=False)
-    scale = tf.function(lambda: tensor * 1.5 + 0.5, autograph=False)
-    return read, scale
+    functions = {}
+    for size in sizes:
+        tensor = tf.Variable(tf.random.uniform((size // 4,), seed=9))
+        megabytes = round(size / 2**20)
+        functions[f"stream_read_{megabytes}MiB"] = (
+            tf.function(lambda tensor=tensor: tf.reduce_sum(tensor), autograph=False), size)
+        functions[f"stream_scale_{megabytes}MiB"] = (
+            tf.function(lambda tensor=tensor: tensor * 1.5 + 0.5, autograph=False), 2 * size)
+    return functions
 
 
 _PARTS = ("forward", "kernel_gradient", "input_gradient", "all")
@@ -105,14 +119,23 @@ _PATCH_TRAFFIC = ("patches", "patch_gradients")
 
 
 def analyse(times, precisions, batch, traffic, stream_bytes, matmul_flops):
-    """Per precision: per-round rates, the floors and the fractions, summarised."""
+    """Per precision: per-round rates, the floors and the fractions, summarised.
+
+    Args:
+        times: `benchmarking.alternate`'s seconds per call, by function name.
+        precisions: the precisions timed.
+        batch: examples a step.
+        traffic: precision -> `step_traffic_bytes` of its step.
+        stream_bytes: stream function name -> bytes it moves a call.
+        matmul_flops: FLOPs of one reference matmul.
+    """
     from capsnet_tf.benchmarking import model_flops_per_image, primary_conv_flops, summary
 
     train_flops = 3 * model_flops_per_image() * batch
-    rounds = len(times["stream_read"])
+    rounds = len(times[f"matmul_{precisions[0]}"])
     # The fastest rate TensorFlow moved bytes at, round by round (reads and writes alike).
     bandwidth = [
-        max(stream_bytes / times["stream_read"][k], 2 * stream_bytes / times["stream_scale"][k])
+        max(moved / times[name][k] for name, moved in stream_bytes.items())
         for k in range(rounds)
     ]
     results = {"bytes_per_second": summary(bandwidth), "train_flops": train_flops}
@@ -209,8 +232,9 @@ def markdown(results, precisions, machine, args):
     lines += [
         "",
         f"Fastest rate TensorFlow moved bytes at: {bandwidth['median'] / 1e9:.1f} GB/s "
-        f"[{bandwidth['min'] / 1e9:.1f}-{bandwidth['max'] / 1e9:.1f}] (a sum over, or a "
-        "scaled copy of, a float32 tensor the size of the bfloat16 patches).",
+        f"[{bandwidth['min'] / 1e9:.1f}-{bandwidth['max'] / 1e9:.1f}] (the fastest of a sum "
+        "over and a scaled copy of float32 tensors of 32 MiB, 64 MiB and the bfloat16 "
+        "patches' size).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -258,8 +282,12 @@ def main():
             autograph=False)
         parameters = sum(int(w.shape.num_elements()) for w in model.trainable_weights)
         traffic[precision] = benchmarking.step_traffic_bytes(batch, dtype.size, parameters)
-    stream_bytes = benchmarking.step_traffic_bytes(batch, 2, 0)["patches"]
-    functions["stream_read"], functions["stream_scale"] = streams(stream_bytes)
+    # From the size of one routing slice's votes to that of the bfloat16 patches.
+    stream_bytes = {}
+    patches = benchmarking.step_traffic_bytes(batch, 2, 0)["patches"]
+    for name, (function, moved) in streams([32 * 2**20, 64 * 2**20, patches]).items():
+        functions[name] = function
+        stream_bytes[name] = moved
     times = benchmarking.alternate(functions, args.rounds, args.steps, warmup=2)
 
     results = analyse(times, precisions, batch, traffic, stream_bytes, matmul_flops)
