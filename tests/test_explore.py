@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 
 import keras
 import numpy as np
@@ -330,6 +331,43 @@ def free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def test_closing_the_server_waits_for_the_requests_in_flight():
+    """Serving ends only once a request still running has answered.
+
+    With Werkzeug's daemon request threads, stopping the explorer while a
+    classification ran let the interpreter shut down under it (SIGABRT).
+    """
+    import urllib.request
+
+    flask = pytest.importorskip("flask")
+    from capsnet_tf.explorer.app import make_server
+
+    app = flask.Flask(__name__)
+    entered, answered = threading.Event(), []
+
+    @app.get("/slow")
+    def slow():
+        entered.set()
+        time.sleep(1.0)
+        answered.append(True)
+        return "done"
+
+    server = make_server(app, "127.0.0.1", 0)
+    loop = threading.Thread(target=server.serve_forever, daemon=True)
+    loop.start()
+    replies = []
+    client = threading.Thread(target=lambda: replies.append(urllib.request.urlopen(
+        f"http://127.0.0.1:{server.server_port}/slow", timeout=30).read()), daemon=True)
+    client.start()
+    assert entered.wait(30), "the request never reached the app"
+    server.shutdown()  # ends serve_forever's loop, as Ctrl-C does
+    loop.join(30)  # Werkzeug's serve_forever ends with server_close
+    assert not loop.is_alive()
+    assert answered == [True], "serving ended before the request had answered"
+    client.join(30)
+    assert replies == [b"done"]
 
 
 def test_the_script_stops_with_one_line_on_a_bad_directory_and_a_taken_port(tmp_path):

@@ -29,7 +29,7 @@ import numpy as np
 from capsnet_tf.explorer.preprocess import DrawingError, image_from_data_url, prepare_digit
 from capsnet_tf.extras import require
 
-__all__ = ["SLIDER_RANGE", "PortInUseError", "check_port", "create_app", "serve"]
+__all__ = ["SLIDER_RANGE", "PortInUseError", "check_port", "create_app", "make_server", "serve"]
 
 # The paper's Figure 4 perturbs each dimension by -0.25 .. +0.25.
 SLIDER_RANGE = 0.25
@@ -194,8 +194,33 @@ def _port_message(host, port, error):
     return f"cannot listen on {host}:{port} ({error.strerror or error}); check --host and --port."
 
 
+def make_server(app, host, port):
+    """A threaded Werkzeug server for `app` whose `server_close` waits for its requests.
+
+    Raises:
+        PortInUseError: the port is taken.
+    """
+    from werkzeug.serving import make_server as werkzeug_server
+
+    try:
+        server = werkzeug_server(host, port, app, threaded=True)
+    except OSError as error:
+        raise PortInUseError(_port_message(host, port, error))
+    except SystemExit:  # Werkzeug exits when the port is taken
+        raise PortInUseError(_port_message(host, port, OSError(errno.EADDRINUSE, "in use")))
+    # Non-daemon request threads, joined by `server_close` (socketserver's switches).
+    server.daemon_threads = False
+    server.block_on_close = True
+    return server
+
+
 def serve(app, host, port, ready=None):
     """Serves `app` on `host:port` until Ctrl-C (threaded Werkzeug server), then returns.
+
+    Ctrl-C returns once the requests in flight have answered
+    (`make_server`): Werkzeug's request threads are daemons, and the
+    interpreter shutting down under one still running the model aborted
+    the process (SIGABRT in 2 of 8 stops with classifications in flight).
 
     Args:
         app: the Flask app.
@@ -208,15 +233,8 @@ def serve(app, host, port, ready=None):
     """
     import logging
 
-    from werkzeug.serving import make_server
-
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-    try:
-        server = make_server(host, port, app, threaded=True)
-    except OSError as error:
-        raise PortInUseError(_port_message(host, port, error))
-    except SystemExit:  # Werkzeug exits when the port is taken
-        raise PortInUseError(_port_message(host, port, OSError(errno.EADDRINUSE, "in use")))
+    server = make_server(app, host, port)
     shown = f"[{host}]" if ":" in host else host
     if ready is not None:
         ready(f"http://{shown}:{server.server_port}/")
