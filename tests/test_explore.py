@@ -20,6 +20,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -436,6 +437,9 @@ class Explorer:
         self.process = subprocess.Popen(
             [sys.executable, EXPLORE, f"--model={model}", f"--port={port}"],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            # As started from a terminal: a test run in the background (`cmd &` in a
+            # script) inherits SIGINT ignored, and Ctrl-C would never reach the server.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines, self.url = [], None
         self.started = threading.Event()
