@@ -30,6 +30,7 @@ __all__ = [
     "random_mnist_batch",
     "step_traffic_bytes",
     "summary",
+    "training_flops_per_image",
 ]
 
 
@@ -42,6 +43,19 @@ def model_flops_per_image(routing_iterations=3):
     routing = 2 * 1152 * 10 * 16 * (2 * routing_iterations - 1)
     decoder = 2 * (160 * 512 + 512 * 1024 + 1024 * 784)
     return conv1 + primary + votes + routing + decoder
+
+
+def training_flops_per_image(routing_iterations=3):
+    """FLOPs of one training image: the forward pass and its two gradients, 3x forward.
+
+    Each layer's input and weight gradients cost what its forward product
+    does; every fraction of a matmul rate in the benchmarks divides this by
+    the time. For the MNIST CapsNet that is 1.2192 GFLOP: it counts conv1's
+    input gradient (0.0166 GFLOP), which training never computes and issue
+    17's 1.2026 GFLOP leaves out, so the fractions read 1.4% above the
+    issue's count.
+    """
+    return 3 * model_flops_per_image(routing_iterations)
 
 
 def primary_conv_flops(batch, backward=True):

@@ -141,7 +141,7 @@ def run_train(results):
     functions.update({f"matmul_{name}": function for name, function in matmuls.items()})
     functions.update({p: _train_step(m, data) for p, m in models.items()})
     times = benchmarking.alternate(functions, _ROUNDS.value, _STEPS.value, _WARMUP.value)
-    train_flops = 3 * benchmarking.model_flops_per_image(_ROUTING.value) * batch
+    train_flops = benchmarking.training_flops_per_image(_ROUTING.value) * batch
     ceiling_flops = benchmarking.primary_conv_flops(batch)
     section = {
         "ceiling_gflops": benchmarking.summary(

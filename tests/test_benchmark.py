@@ -26,6 +26,11 @@ def test_flop_counts_match_the_issue_and_paper():
     assert 0.40e9 < forward < 0.42e9
     share = benchmarking.primary_conv_flops(1, backward=False) / forward
     assert 0.93 < share < 0.95
+    # Issue 17's 1.2026 GFLOP a training image, plus conv1's input gradient (its forward's
+    # 20 * 20 positions * 9 * 9 taps * 256 filters multiply-adds), which 3x forward counts.
+    conv1_input_gradient = 2 * 20 * 20 * 9 * 9 * 256
+    training = benchmarking.training_flops_per_image(3)
+    assert round((training - conv1_input_gradient) / 1e9, 4) == 1.2026
     # Each routing iteration adds the weighted sum and the agreement: 2 * 2 i j e.
     assert benchmarking.model_flops_per_image(4) - forward == 2 * 2 * 1152 * 10 * 16
 

@@ -36,8 +36,8 @@ def main():
         alternate,
         matmul_ceilings,
         mnist_capsnet,
-        model_flops_per_image,
         random_mnist_batch,
+        training_flops_per_image,
     )
 
     inputs, targets = random_mnist_batch(args.batch_size)
@@ -58,7 +58,7 @@ def main():
         for optimizer in ("keras_adam", "fused_adam"):
             functions[f"{optimizer}_{precision}"] = training_step(precision, optimizer)
     times = alternate(functions, rounds=args.rounds, steps=3, warmup=2)
-    train_flops = 3 * model_flops_per_image() * args.batch_size
+    train_flops = training_flops_per_image() * args.batch_size
     report = {"machine": {"cpu_model": cpu.model_name(),
                           "instruction_sets": cpu.instruction_sets()},
               "rounds": args.rounds, "batch_size": args.batch_size, "rates": {}}

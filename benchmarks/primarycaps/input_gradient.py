@@ -53,8 +53,8 @@ def main():
         alternate,
         matmul_ceilings,
         mnist_capsnet,
-        model_flops_per_image,
         random_mnist_batch,
+        training_flops_per_image,
     )
 
     inputs, targets = random_mnist_batch(args.batch_size)
@@ -79,7 +79,7 @@ def main():
                 continue
             functions[f"{form}_{precision}"] = training_step(precision, unit)
     times = alternate(functions, rounds=args.rounds, steps=3, warmup=2)
-    train_flops = 3 * model_flops_per_image()
+    train_flops = training_flops_per_image()
     report = {"instruction_sets": cpu.instruction_sets(), "rounds": args.rounds, "rates": {}}
     for name, seconds in times.items():
         if name.startswith("matmul"):

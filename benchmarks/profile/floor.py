@@ -129,9 +129,9 @@ def analyse(times, precisions, batch, traffic, stream_bytes, matmul_flops):
         stream_bytes: stream function name -> bytes it moves a call.
         matmul_flops: FLOPs of one reference matmul.
     """
-    from capsnet_tf.benchmarking import model_flops_per_image, primary_conv_flops, summary
+    from capsnet_tf.benchmarking import primary_conv_flops, summary, training_flops_per_image
 
-    train_flops = 3 * model_flops_per_image() * batch
+    train_flops = training_flops_per_image() * batch
     rounds = len(times[f"matmul_{precisions[0]}"])
     # The fastest rate TensorFlow moved bytes at, round by round (reads and writes alike).
     bandwidth = [

@@ -36,8 +36,8 @@ def main():
         alternate,
         matmul_ceilings,
         mnist_capsnet,
-        model_flops_per_image,
         random_mnist_batch,
+        training_flops_per_image,
     )
 
     inputs, targets = random_mnist_batch(args.batch_size)
@@ -55,7 +55,7 @@ def main():
     }
     times = alternate(functions, rounds=args.rounds, steps=2, warmup=2)
     median = {name: float(np.median(seconds)) for name, seconds in times.items()}
-    train_flops = 3 * model_flops_per_image()
+    train_flops = training_flops_per_image()
     for precision in ("float32", "bfloat16"):
         rate = args.batch_size / median["train_" + precision]
         ceiling = matmul_flops / median["matmul_" + precision]
