@@ -33,7 +33,10 @@ def test_random_shift_is_a_zero_filled_translation_within_range():
         assert len(matches) == 1, seed
         seen.add(matches[0])
     assert len(seen) > 10  # many of the 25 shifts occur
-    assert random_shift(tf.constant(image), 0, tf.constant([0, 0])) is not None
+    # max_shift 0: the image itself, whatever the seed.
+    for seed in ([0, 0], [7, 3]):
+        unshifted = random_shift(tf.constant(image), 0, tf.constant(seed)).numpy()
+        np.testing.assert_array_equal(unshifted, image)
 
 
 def bilinear_translated(image, dy, dx):
