@@ -6,9 +6,6 @@ can be called from a notebook the same way. It builds the model of an
 trains, evaluates the best checkpoint and writes the work directory that
 `capsnet_tf.workdir` describes and reads back. `train_ensemble` trains several
 seeds and evaluates their ensemble (the official `--num_trials`).
-
-`ExperimentConfig`, `IncompatibleWorkdirError`, `read_run_files` and
-`load_trained_model` are importable from here too, where they used to live.
 """
 
 import dataclasses
@@ -34,7 +31,7 @@ from capsnet_tf.callbacks import (
     WeightsCheckpoint,
     load_weights,
 )
-from capsnet_tf.config import PRECISION_POLICIES, ExperimentConfig, capsnet_options
+from capsnet_tf.config import PRECISION_POLICIES, capsnet_options
 from capsnet_tf.data.pipeline import resumable_training_data
 from capsnet_tf.data.registry import load_experiment_data
 from capsnet_tf.distribute import (
@@ -56,18 +53,14 @@ from capsnet_tf.workdir import (
     check_workdir,
     last_logged,
     load_trained_model,
-    read_run_files,
     write_class_names,
 )
 
 __all__ = [
-    "ExperimentConfig",
-    "IncompatibleWorkdirError",
+    "IncompatibleWorkdirError",  # what train_and_evaluate raises on another run's workdir
     "build_model",
     "compile_model",
-    "load_trained_model",
     "accuracy_key",
-    "read_run_files",
     "score_output",
     "train_and_evaluate",
     "train_ensemble",

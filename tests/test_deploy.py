@@ -107,7 +107,7 @@ RUNNER = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def test_images(tfds_data_dir, tmp_path_factory):
+def sample_images(tfds_data_dir, tmp_path_factory):
     images, labels = mnist_arrays("test", TEST_IMAGES)
     path = tmp_path_factory.mktemp("images") / "images.npy"
     np.save(path, images)
@@ -124,8 +124,8 @@ def run_in_own_runtime(path, images_path, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def saved_model_outputs(export_dir, test_images):
-    _, images, labels = test_images
+def saved_model_outputs(export_dir, sample_images):
+    _, images, labels = sample_images
     outputs = tf.saved_model.load(str(export_dir)).signatures["serving_default"](
         images=tf.constant(images)
     )
@@ -156,9 +156,9 @@ def test_no_tf_lite_interpreter_is_left_and_no_deprecation_warning_filtered(expo
 
 @pytest.mark.parametrize("name", ["model.tflite", "model.onnx"])
 def test_float_formats_give_the_saved_models_classes_and_probabilities(
-    export_dir, test_images, saved_model_outputs, tmp_path, name
+    export_dir, sample_images, saved_model_outputs, tmp_path, name
 ):
-    images_path, _, _ = test_images
+    images_path, _, _ = sample_images
     classes, probabilities = run_in_own_runtime(export_dir / name, images_path, tmp_path)
     np.testing.assert_array_equal(classes, saved_model_outputs[0])
     np.testing.assert_allclose(probabilities, saved_model_outputs[1], atol=1e-5)
@@ -166,9 +166,9 @@ def test_float_formats_give_the_saved_models_classes_and_probabilities(
 
 @pytest.mark.parametrize("mode", QUANTIZATIONS)
 def test_quantized_models_are_smaller_and_their_accuracy_is_measured(
-    export_dir, test_images, saved_model_outputs, tmp_path, mode
+    export_dir, sample_images, saved_model_outputs, tmp_path, mode
 ):
-    images_path, _, labels = test_images
+    images_path, _, labels = sample_images
     path = export_dir / quantized_tflite_name(mode)
     float_size = os.path.getsize(export_dir / "model.tflite")
     expected_ratio = {"dynamic": 3.0, "float16": 1.8, "int8": 3.0}[mode]

@@ -197,7 +197,8 @@ def test_unreachable_tpu_is_a_clear_error_not_a_hang():
 
 
 def test_bad_combinations_stop_before_anything_is_written(tmp_path, monkeypatch):
-    from capsnet_tf.training import ExperimentConfig, train_and_evaluate
+    from capsnet_tf.config import ExperimentConfig
+    from capsnet_tf.training import train_and_evaluate
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     for config, message in (
@@ -253,8 +254,9 @@ def _mirrored_steps(output_path):
     import keras
     import tensorflow as tf
 
+    from capsnet_tf.config import ExperimentConfig
     from capsnet_tf.data.pipeline import make_dataset
-    from capsnet_tf.training import ExperimentConfig, build_model, compile_model
+    from capsnet_tf.training import build_model, compile_model
 
     config = ExperimentConfig(
         primary_capsule_types=2, batch_size=8, learning_rate=0.01, decay_steps=1,

@@ -211,7 +211,8 @@ def test_predict_refuses_images_of_the_wrong_size(tmp_path):
 def test_divergence_and_unusable_backups_stop_with_a_clear_message(tfds_data_dir, tmp_path):
     """NaN loss: names the step, keeps the last good checkpoint; broken backups: refused."""
     from capsnet_tf.callbacks import load_weights, read_checkpoint_metadata
-    from capsnet_tf.training import ExperimentConfig, build_model, compile_model
+    from capsnet_tf.config import ExperimentConfig
+    from capsnet_tf.training import build_model, compile_model
 
     workdir = str(tmp_path / "run")
     result = run(MNIST, [f"--workdir={workdir}", *TINY, "--epochs=1"])

@@ -79,7 +79,7 @@ def test_flagfiles_hold_the_official_settings(flagfile, expected):
 
 
 def test_multi_mnist_experiment_and_figure_5(tfds_data_dir, tmp_path):
-    from capsnet_tf.visualization import FIGURE_SIZES, write_figures
+    from capsnet_tf.figures import FIGURE_SIZES, write_figures
 
     workdir = str(tmp_path / "multi")
     run_main(["--flagfile=multi_mnist.flags", f"--workdir={workdir}", *TINY])
@@ -106,7 +106,7 @@ def test_multi_mnist_experiment_and_figure_5(tfds_data_dir, tmp_path):
 def test_figure_5_draws_each_digit_in_its_own_colour(tmp_path):
     import matplotlib.image
 
-    from capsnet_tf.visualization import plot_multimnist_separations, two_colour
+    from capsnet_tf.figures import plot_multimnist_separations, two_colour
 
     # Two digit-like blocks: the first reconstruction on the left half, the
     # second on the right, overlapping in one column.

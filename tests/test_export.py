@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from capsnet_tf import CapsNet
+from capsnet_tf.config import ExperimentConfig
 from capsnet_tf.deploy import litert_interpreter
 from capsnet_tf.export import (
     DATASET_CLASS_NAMES,
@@ -20,7 +21,6 @@ from capsnet_tf.export import (
     export_saved_model,
     load_metadata,
 )
-from capsnet_tf.training import ExperimentConfig
 from tests.conftest import REPO_ROOT
 from tests.test_model import small_model
 

@@ -124,7 +124,9 @@ def test_bad_flag_values_and_missing_data_exit_with_a_clear_message(tmp_path):
 
 
 def test_load_trained_model_restores_weights_and_reports_bad_files(tfds_data_dir, tmp_path):
-    from capsnet_tf.training import ExperimentConfig, load_trained_model, train_and_evaluate
+    from capsnet_tf.config import ExperimentConfig
+    from capsnet_tf.training import train_and_evaluate
+    from capsnet_tf.workdir import load_trained_model
 
     workdir = str(tmp_path / "run")
     config = ExperimentConfig(

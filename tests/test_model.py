@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from capsnet_tf import PRESETS, CapsNet
-from capsnet_tf.training import ExperimentConfig, compile_model
+from capsnet_tf.config import ExperimentConfig
+from capsnet_tf.training import compile_model
 from tests.conftest import REPO_ROOT
 
 # The paper's MNIST CapsNet: conv1 20,992 + PrimaryCaps 5,308,672 + DigitCaps

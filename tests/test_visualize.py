@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 from matplotlib import image as mpimg
 
-from capsnet_tf import FlooredExponentialDecay, visualization
+from capsnet_tf import FlooredExponentialDecay, figures
+from capsnet_tf.callbacks import ReconstructionImages
 from tests.conftest import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "experiments", "visualize.py")
@@ -19,7 +20,8 @@ SCRIPT = os.path.join(REPO_ROOT, "experiments", "visualize.py")
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, tfds_data_dir):
     """A tiny trained work directory, made once for the module (~15 s)."""
-    from capsnet_tf.training import ExperimentConfig, train_and_evaluate
+    from capsnet_tf.config import ExperimentConfig
+    from capsnet_tf.training import train_and_evaluate
 
     path = str(tmp_path_factory.mktemp("visualize") / "run")
     config = ExperimentConfig(
@@ -31,18 +33,18 @@ def workdir(tmp_path_factory, tfds_data_dir):
 
 @pytest.fixture(scope="module")
 def model(workdir):
-    from capsnet_tf.training import load_trained_model
+    from capsnet_tf.workdir import load_trained_model
 
     return load_trained_model(workdir)[0]
 
 
 @pytest.fixture(scope="module")
-def test_images(tfds_data_dir):
-    return visualization.load_test_images("mnist", 24)
+def sample_images(tfds_data_dir):
+    return figures.load_test_images("mnist", 24)
 
 
 def _pixels(name, dpi):
-    width, height = visualization.FIGURE_SIZES[name]
+    width, height = figures.FIGURE_SIZES[name]
     return round(height * dpi), round(width * dpi)
 
 
@@ -74,21 +76,21 @@ def test_script_writes_every_figure_as_a_png_of_the_expected_size(workdir, tmp_p
         assert pixels.shape[:2] == _pixels(name, 50), filename
         assert pixels[..., :3].std() > 0.01, f"{filename} is blank"
     # The documented default size, at 100 dpi.
-    assert _pixels("perturbations", visualization.DPI) == (950, 800)
+    assert _pixels("perturbations", figures.DPI) == (950, 800)
 
 
 def test_a_missing_work_directory_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing.config.json does not exist"):
-        visualization.write_figures(str(tmp_path / "nothing"))
+        figures.write_figures(str(tmp_path / "nothing"))
 
 
-def test_perturbation_grid_changes_along_every_row(model, test_images):
-    images, _ = test_images
-    outputs = visualization.predict(model, images[:4])
+def test_perturbation_grid_changes_along_every_row(model, sample_images):
+    images, _ = sample_images
+    outputs = figures.predict(model, images[:4])
     class_id = int(outputs["predictions"][0])
     capsules = outputs["capsules"][0]
-    values = visualization.PERTURBATION_VALUES
-    grid = visualization.perturbation_grid(model, capsules, class_id)
+    values = figures.PERTURBATION_VALUES
+    grid = figures.perturbation_grid(model, capsules, class_id)
     assert grid.shape == (16, 11, 28, 28, 1)
     np.testing.assert_allclose(values, np.arange(-0.25, 0.26, 0.05), atol=1e-9)
 
@@ -111,14 +113,14 @@ def test_perturbation_grid_changes_along_every_row(model, test_images):
     np.testing.assert_allclose(grid[4, -1], expected, atol=1e-5)
 
 
-def test_routing_couplings_over_the_primary_grid(model, test_images):
-    images, _ = test_images
-    routing = visualization.routing_couplings(model, images[0])
+def test_routing_couplings_over_the_primary_grid(model, sample_images):
+    images, _ = sample_images
+    routing = figures.routing_couplings(model, images[0])
     couplings = routing["couplings"]
     assert couplings.shape == (3, 32, 6, 6, 10)
     np.testing.assert_allclose(couplings.sum(-1), 1.0, atol=1e-5)
     np.testing.assert_allclose(couplings[0], 0.1, atol=1e-6)  # uniform before any agreement
-    assert routing["prediction"] == int(visualization.predict(model, images[:1])["predictions"][0])
+    assert routing["prediction"] == int(figures.predict(model, images[:1])["predictions"][0])
     # Type-major order: capsule index t*36 + row*6 + column.
     primary = model.get_layer("primary_capsules")(model.get_layer("conv1")(images[:1]))
     lengths = np.linalg.norm(np.asarray(primary)[0], axis=-1)
@@ -126,19 +128,19 @@ def test_routing_couplings_over_the_primary_grid(model, test_images):
 
 
 def test_confusion_matrix_and_learning_rates():
-    matrix = visualization.confusion_matrix([3, 3, 1, 0], [3, 1, 1, 0], 4)
+    matrix = figures.confusion_matrix([3, 3, 1, 0], [3, 1, 1, 0], 4)
     assert matrix.sum() == 4 and np.trace(matrix) == 3 and matrix[3, 1] == 1
 
     schedule = FlooredExponentialDecay(1e-3, 2000, 0.96, 1e-6)
     config = {"learning_rate": 1e-3, "decay_steps": 2000, "decay_rate": 0.96,
               "minimum_learning_rate": 1e-6, "batch_size": 128,
               "steps_per_epoch": None, "train_examples": None}
-    rates = visualization.learning_rates(config, [0, 1, 9], 60000)
+    rates = figures.learning_rates(config, [0, 1, 9], 60000)
     # ceil(60000 / 128) = 469 steps per epoch.
     np.testing.assert_allclose(rates, [float(schedule(469 * n)) for n in (1, 2, 10)], rtol=1e-6)
-    rates = visualization.learning_rates({**config, "steps_per_epoch": 2}, [0, 2], 60000)
+    rates = figures.learning_rates({**config, "steps_per_epoch": 2}, [0, 2], 60000)
     np.testing.assert_allclose(rates, [float(schedule(2)), float(schedule(6))], rtol=1e-6)
-    rates = visualization.learning_rates({**config, "train_examples": 64, "batch_size": 8},
+    rates = figures.learning_rates({**config, "train_examples": 64, "batch_size": 8},
                                          [0], 60000)
     np.testing.assert_allclose(rates, [float(schedule(8))], rtol=1e-6)
 
@@ -148,12 +150,12 @@ def test_training_curves_of_many_epochs_and_of_an_empty_log(tmp_path):
     log = {"epoch": epochs, "loss": 0.3 / (epochs + 1), "length_loss": 0.2 / (epochs + 1),
            "reconstruction_loss": 40 / (epochs + 1), "length_accuracy": 0.9 + epochs / 100,
            "val_loss": 0.25 / (epochs + 1), "val_length_accuracy": 0.95 + epochs / 200}
-    path = visualization.plot_training_curves(
+    path = figures.plot_training_curves(
         log, str(tmp_path / "curves.png"), rates=np.linspace(1e-3, 5e-4, 5),
         reconstruction_weight=0.0005, dpi=40,
     )
     assert mpimg.imread(path).shape[:2] == _pixels("training_curves", 40)
-    path = visualization.plot_training_curves({}, str(tmp_path / "empty.png"), dpi=40)
+    path = figures.plot_training_curves({}, str(tmp_path / "empty.png"), dpi=40)
     assert mpimg.imread(path).shape[:2] == _pixels("training_curves", 40)
 
 
@@ -179,11 +181,11 @@ def _image_summaries(log_dir):
 
 
 def test_reconstruction_images_callback_writes_an_image_summary_each_epoch(
-    model, test_images, tmp_path
+    model, sample_images, tmp_path
 ):
-    images, labels = test_images
+    images, labels = sample_images
     log_dir = str(tmp_path / "logs")
-    callback = visualization.ReconstructionImages(images, labels, log_dir, max_images=16)
+    callback = ReconstructionImages(images, labels, log_dir, max_images=16)
     assert callback.images.shape == (16, 28, 28, 1)
     callback.set_model(model)
     callback.on_train_begin()
@@ -198,23 +200,24 @@ def test_reconstruction_images_callback_writes_an_image_summary_each_epoch(
     np.testing.assert_allclose(top, images[0, ..., 0], atol=1 / 255 + 1e-6)
 
     with pytest.raises(ValueError, match="max_images"):
-        visualization.ReconstructionImages(images, labels, log_dir, max_images=0)
+        ReconstructionImages(images, labels, log_dir, max_images=0)
     with pytest.raises(ValueError, match="labels"):
-        visualization.ReconstructionImages(images, labels[:3], log_dir)
+        ReconstructionImages(images, labels[:3], log_dir)
 
 
-def test_reconstruction_images_callback_inside_fit(workdir, test_images, tmp_path):
-    from capsnet_tf.training import compile_model, load_trained_model
+def test_reconstruction_images_callback_inside_fit(workdir, sample_images, tmp_path):
+    from capsnet_tf.training import compile_model
+    from capsnet_tf.workdir import load_trained_model
 
     model, config = load_trained_model(workdir)
     compile_model(model, config)
-    images, labels = test_images
+    images, labels = sample_images
     log_dir = str(tmp_path / "logs")
     model.fit(
         {"image": images[:8], "label": labels[:8]},
         {"length": labels[:8], "reconstruction": images[:8]},
         batch_size=8, epochs=2, verbose=0,
-        callbacks=[visualization.ReconstructionImages(images, labels, log_dir, max_images=4)],
+        callbacks=[ReconstructionImages(images, labels, log_dir, max_images=4)],
     )
     found = _image_summaries(log_dir)
     assert sorted(found) == [0, 1]
@@ -228,25 +231,25 @@ def saved_model(model, tmp_path_factory):
     return export.export_saved_model(model, str(tmp_path_factory.mktemp("export")), verify=False)
 
 
-def test_saved_model_draws_what_the_checkpoint_draws(model, saved_model, workdir, test_images,
+def test_saved_model_draws_what_the_checkpoint_draws(model, saved_model, workdir, sample_images,
                                                     tmp_path):
-    images, _ = test_images
-    from_keras = visualization.predict(model, images[:6])
-    from_export = visualization.predict(saved_model, images[:6])
+    images, _ = sample_images
+    from_keras = figures.predict(model, images[:6])
+    from_export = figures.predict(saved_model, images[:6])
     for name in ("length", "capsules", "reconstruction", "predictions"):
         np.testing.assert_allclose(from_export[name], from_keras[name], atol=1e-5, err_msg=name)
     class_id = int(from_keras["predictions"][0])
     np.testing.assert_allclose(
-        visualization.perturbation_grid(saved_model, from_keras["capsules"][0], class_id),
-        visualization.perturbation_grid(model, from_keras["capsules"][0], class_id),
+        figures.perturbation_grid(saved_model, from_keras["capsules"][0], class_id),
+        figures.perturbation_grid(model, from_keras["capsules"][0], class_id),
         atol=1e-5,
     )
-    written = visualization.write_figures(
+    written = figures.write_figures(
         workdir, str(tmp_path), figures=["reconstructions", "perturbations", "confusion_matrix"],
         eval_examples=24, perturbation_digits=[1], dpi=30, saved_model=saved_model,
         log=lambda message: None,
     )
     assert sorted(written) == ["confusion_matrix", "perturbations_1", "reconstructions"]
     for name, path in written.items():
-        kind = name if name in visualization.FIGURE_SIZES else "perturbations"
+        kind = name if name in figures.FIGURE_SIZES else "perturbations"
         assert mpimg.imread(path).shape[:2] == _pixels(kind, 30), name
