@@ -21,6 +21,7 @@ import re
 from capsnet_tf.data.images import parse_image_size
 from capsnet_tf.data.pipeline import SHIFT_MODES
 from capsnet_tf.data.registry import DATASETS, IMAGE_FOLDER
+from capsnet_tf.models.baseline import CNN_MODELS
 
 # Keras's global dtype policy for each `mixed_precision` value.
 PRECISION_POLICIES = {
@@ -198,7 +199,10 @@ class ExperimentConfig:
     seed: int = option(0, "Seed of initialisation, shuffling and augmentation.")
     # === Model ===
     model: str = option(
-        "capsnet", "CapsNet or the paper's baseline CNN.", choices=("capsnet", "baseline")
+        "capsnet",
+        "capsnet; baseline: the paper's Table 1 CNN (no pooling); pooled_cnn: section 5.2's "
+        "affNIST comparison CNN (max pooling and dropout, the official conv_model).",
+        choices=("capsnet", *CNN_MODELS),
     )
     routing_iterations: int = option(3, "Routing iterations in the class capsules.", lower=1)
     leaky_routing: bool = option(False, "Leaky routing.")

@@ -368,7 +368,7 @@ def estimate_run_memory(config, spec, test_examples=0):
     from capsnet_tf.config import capsnet_options
     from capsnet_tf.data.registry import DATASETS
 
-    if config.model == "baseline":
+    if config.model != "capsnet":
         return None
     examples = min(config.train_examples or spec.num_examples, spec.num_examples)
     own = config.dataset not in DATASETS

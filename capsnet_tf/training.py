@@ -43,6 +43,7 @@ from capsnet_tf.distribute import (
 )
 from capsnet_tf.losses import MarginLoss, ReconstructionLoss
 from capsnet_tf.memory import check_run_memory
+from capsnet_tf.models.baseline import build_cnn, is_cnn
 from capsnet_tf.models.capsnet import CapsNet
 from capsnet_tf.optimizers import FusedAdam
 from capsnet_tf.runlock import lock_workdir
@@ -79,10 +80,8 @@ def build_model(config, image_shape, num_classes, num_targets=1):
     Returns:
         An uncompiled `CapsNet` or `BaselineCNN`.
     """
-    if config.model == "baseline":
-        from capsnet_tf.models.baseline import BaselineCNN
-
-        return BaselineCNN(image_shape=image_shape, num_classes=num_classes, name="baseline")
+    if is_cnn(config.model):
+        return build_cnn(config.model, image_shape, num_classes)
     options = {"num_targets": num_targets} if num_targets != 1 else {}
     return CapsNet(
         image_shape=image_shape,
@@ -95,7 +94,7 @@ def build_model(config, image_shape, num_classes, num_targets=1):
 
 def score_output(model_kind):
     """The output holding class scores: `"length"` (CapsNet) or `"logits"`."""
-    return "logits" if model_kind == "baseline" else "length"
+    return "logits" if is_cnn(model_kind) else "length"
 
 
 def accuracy_key(config):
@@ -122,7 +121,7 @@ def compile_model(model, config, num_targets=1, steps_per_epoch=None):
     Baseline CNN: softmax cross-entropy on `logits`, accuracy.
     """
     schedule = make_schedule(config, steps_per_epoch)
-    if config.model == "baseline":
+    if is_cnn(config.model):
         loss = {"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
         loss_weights = {"logits": 1.0}
         metrics = {"logits": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]}
@@ -199,7 +198,7 @@ def _make_datasets(config):
     extra_evaluations = {}
     if config.dataset == "expanded_mnist":
         extra_evaluations["affnist"], _ = _load_split(config, "test", name="affnist")
-    if config.model == "baseline":
+    if is_cnn(config.model):
         if spec.num_targets != 1:
             raise ValueError(
                 f"The baseline CNN classifies one object per image; {config.dataset!r} "

@@ -197,7 +197,7 @@ def load_trained_model(workdir, checkpoint="best"):
         raise FileNotFoundError(_not_a_run_message(weights_path, workdir))
     known = {field.name for field in dataclasses.fields(ExperimentConfig)}
     config = ExperimentConfig(**{k: v for k, v in saved.items() if k in known})
-    if config.model == "baseline":
+    if config.model != "capsnet":
         from capsnet_tf.models.baseline import BaselineCNN
 
         model = BaselineCNN.from_config(model_config)

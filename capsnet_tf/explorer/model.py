@@ -213,8 +213,10 @@ def _from_workdir(workdir, checkpoint):
         model, config = load_trained_model(workdir, checkpoint=checkpoint)
     except (FileNotFoundError, ValueError) as error:
         raise ModelError(f"--workdir={workdir}: {error}")
-    if config.model == "baseline" or not hasattr(model, "inference_model"):
-        raise ModelError(f"--workdir={workdir} holds the baseline CNN, which has no capsules.")
+    if config.model != "capsnet" or not hasattr(model, "inference_model"):
+        raise ModelError(
+            f"--workdir={workdir} holds a CNN ({config.model}), which has no capsules."
+        )
     _check_mnist(f"--workdir={workdir}", model.image_shape, model.num_classes, config.dataset)
     if not model.reconstruction:
         raise ModelError(
