@@ -43,12 +43,8 @@ one measurement; three were settled by the measurements of
 `benchmarks/memory/measure.py` across eleven configurations (one copy of the
 patches and of the unfolded inputs, where the executor's order decides
 between one and two; the backup's three copies on top of the step). The
-comparison with measured peaks (VmHWM) is in `benchmarks/memory/results.json`
-and `docs/experiments.md`: 0.90-1.24 from MNIST to 128x128 over two passes,
-and 0.97-1.10 for `experiments/mnist.py` itself (2-core Intel Xeon,
-2026-12-02). Before `_col2im`, the segment sum that folded the patch
-gradients back held one more patch-sized block, which the estimate then
-counted (`results_segment_sum.json`).
+estimate against measured peaks (VmHWM), and how it moved with the code, is
+in `docs/experiments.md` (results in `benchmarks/memory/`).
 All counts are float32; a mixed bfloat16 run holds less.
 Accelerators are not covered: there the activations live in device memory.
 """
