@@ -1,6 +1,9 @@
-"""Callbacks that make training safe to interrupt and stop it when it diverges.
+"""Callbacks that make training safe to interrupt, stop it when it diverges, and time it.
 
-`train_and_evaluate` uses three of them (see `training._make_callbacks`):
+`train_and_evaluate` uses all ten callbacks here (`training._make_callbacks`;
+`TestSetEvaluation`, `TargetAccuracy` and `ReconstructionImages` only when
+the run's options ask for them), besides Keras's `CSVLogger` and
+`TensorBoard`. The three that keep a run's state and guard it:
 
 - `TrainingStateBackup`: backs up the whole training state (weights,
   optimizer variables, epoch and step inside the epoch) at every epoch end
