@@ -39,6 +39,27 @@ def test_mask_baseline(tmp_path):
         (2, 10, 16),
         expected_trainable_weight_shapes={},
         tmp_path=tmp_path,
+        run_training_check=False,  # two inputs, no weights (see run_layer_test)
+    )
+
+
+def test_mask_two_targets_baseline(tmp_path):
+    run_layer_test(
+        Mask,
+        {"num_targets": 2},
+        (capsules_with_longest([2, 7]), np.array([[3, 4], [0, 9]], "int32")),
+        (2, 2, 10, 16),
+        expected_trainable_weight_shapes={},
+        tmp_path=tmp_path,
+        call_kwargs={"training": True},
+        run_training_check=False,
+    )
+
+
+def test_mask_without_labels_baseline(tmp_path):
+    run_layer_test(
+        Mask, {}, capsules_with_longest([2, 7]), (2, 10, 16),
+        expected_trainable_weight_shapes={}, tmp_path=tmp_path,
     )
 
 
