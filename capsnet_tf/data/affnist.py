@@ -536,17 +536,21 @@ def load_affnist(path):
 
 
 def make_affnist_dataset(
-    batch_size, seed=0, data_dir=None, path=None, reconstruction=True, take=None
+    batch_size, seed=0, data_dir=None, path=None, reconstruction=True, take=None, copies=1
 ):
     """The affNIST test set, real (`path`) or generated from MNIST, 40x40.
 
     With `path`, the real affNIST data (`load_affnist`) in file order. Without,
-    an affNIST-style set made from the 10,000 MNIST test images in order,
-    image `k` transformed by `affine_transform` with the stateless seed
-    `(seed, k)` (rotation within 20 degrees, shear within 0.2, scale 0.8-1.2
-    per axis, then a translation keeping the digit inside the canvas): fixed
-    by `seed`, identical across epochs and processes. The generated set is a
-    stand-in with affNIST's ranges, not affNIST itself: report which was used.
+    an affNIST-style set made from the 10,000 MNIST test images: `copies`
+    transformations of each, example `k` being MNIST test image `k // copies`
+    transformed by `affine_transform` with the stateless seed `(seed, k)`
+    (rotation within 20 degrees, shear within 0.2, scale 0.8-1.2 per axis,
+    then a translation keeping the digit inside the canvas): fixed by `seed`,
+    identical across epochs and processes. affNIST's own test set holds 32
+    transformed copies of each MNIST test digit (320,000 images), the paper's
+    protocol; `copies=1` (one per digit) is the quick set training evaluates.
+    The generated set is a stand-in with affNIST's ranges, not affNIST
+    itself: report which was used.
 
     Elements are `({"image": float32 [40, 40, 1] in [0, 1], "label": int32},
     {"length": label, "reconstruction": image})`, without the label input
@@ -559,11 +563,13 @@ def make_affnist_dataset(
         path: the real affNIST data; see `load_affnist`.
         reconstruction: include the label input and the image target.
         take: keep only the first `take` examples.
+        copies: generated set: transformations of each MNIST test digit
+            (affNIST: 32). Must be 1 with `path`.
 
     Returns:
         `(dataset, spec)`, `spec` named `"affnist"`, image shape
-        `(40, 40, 1)`, 10 classes, `num_examples` 10,000 (generated) or the
-        number of images read.
+        `(40, 40, 1)`, 10 classes, `num_examples` `10,000 * copies`
+        (generated) or the number of images read.
 
     Example:
 
@@ -576,6 +582,13 @@ def make_affnist_dataset(
         Sabour et al., 2017, arXiv:1710.09829, section 5.2.
     """
     _check_batch_and_take(batch_size, take)
+    if not isinstance(copies, int) or isinstance(copies, bool) or copies < 1:
+        raise ValueError(f"`copies` must be a positive integer. Received: copies={copies!r}")
+    if path is not None and copies != 1:
+        raise ValueError(
+            "`copies` applies to the generated set only; the real affNIST files already hold "
+            f"their transformations. Received: copies={copies} with path={path!r}"
+        )
     if path is not None:
         images, labels = load_affnist(path)
         images_t, labels_t = tf.constant(images), tf.constant(labels)
@@ -590,12 +603,13 @@ def make_affnist_dataset(
         seed_t = tf.constant(seed, tf.int64)
 
         def example(index):
+            digit = index // copies
             warped, _ = _random_warp(
-                images_t[index], tf.stack([seed_t, index]), 20.0, 0.2, 0.8, 1.2, _AFFNIST_SIZE
+                images_t[digit], tf.stack([seed_t, index]), 20.0, 0.2, 0.8, 1.2, _AFFNIST_SIZE
             )
-            return warped, labels_t[index]
+            return warped, labels_t[digit]
 
-    num_examples = len(labels)
+    num_examples = len(labels) * copies
     count = num_examples if take is None else min(take, num_examples)
     dataset = tf.data.Dataset.range(count).map(example, num_parallel_calls=tf.data.AUTOTUNE)
     spec = DatasetSpec(
