@@ -23,7 +23,8 @@ from capsnet_tf.data.pipeline import SHIFT_MODES
 from capsnet_tf.data.registry import DATASETS, IMAGE_FOLDER
 from capsnet_tf.models.baseline import CNN_MODELS
 
-# Keras's global dtype policy for each `mixed_precision` value.
+# Keras's global dtype policy for each `mixed_precision` value but "auto",
+# which resolves to one of them for the hardware (`cpu.choose_precision`).
 PRECISION_POLICIES = {
     "float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
@@ -261,7 +262,13 @@ class ExperimentConfig:
         "convolutions are far slower). The routing is XLA-compiled in training either way.",
     )
     mixed_precision: str = option(
-        "float32", "Compute precision.", choices=tuple(PRECISION_POLICIES)
+        "float32",
+        "Compute precision: float32, mixed bfloat16 or float16, or auto: mixed bfloat16 where "
+        "the hardware multiplies bfloat16 natively (AMX, AVX-512 BF16, GPUs of compute "
+        "capability 8.0+, TPUs), mixed float16 with loss scaling on GPUs of capability 7.x, "
+        "float32 elsewhere (AVX2-only CPUs: bfloat16 trains slower there). config.json "
+        "records the precision auto resolved to (mixed_precision_resolved).",
+        choices=("auto", *PRECISION_POLICIES),
     )
     verbose: str | int = option(
         "auto",

@@ -13,8 +13,8 @@ import functools
 import os
 
 __all__ = [
-    "MATMUL_INSTRUCTION_SETS", "accelerated", "bfloat16_unit", "family_and_model", "has_amx",
-    "instruction_sets", "model_name", "onednn_enabled",
+    "MATMUL_INSTRUCTION_SETS", "accelerated", "bfloat16_unit", "choose_precision",
+    "family_and_model", "has_amx", "instruction_sets", "model_name", "onednn_enabled",
 ]
 
 # The instruction sets that decide matmul and convolution speed, in the
@@ -118,3 +118,64 @@ def accelerated():
     import tensorflow as tf
 
     return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+def choose_precision(cpu_flags=None, gpu_compute_capabilities=(), tpu=False):
+    """What `--mixed_precision=auto` trains in on this hardware, and why.
+
+    Mixed bfloat16 where the hardware multiplies bfloat16 natively: TPUs,
+    NVIDIA GPUs of compute capability 8.0 or more (Ampere and later), CPUs
+    with AMX or AVX-512 BF16. Mixed float16 on GPUs of compute capability
+    7.x (Volta, Turing: float16 tensor cores, no bfloat16); Keras wraps the
+    optimizer in a `LossScaleOptimizer` under that policy. float32 elsewhere:
+    on an AVX2-only CPU oneDNN converts bfloat16 to float32 for every
+    product, and mixed bfloat16 trained at 0.67-0.69x of float32 on AMD EPYC
+    (docs/performance.md); GPUs before 7.0 have no tensor cores, and some
+    (6.1) compute float16 far slower than float32.
+
+    Args:
+        cpu_flags: the CPU's flags as `/proc/cpuinfo` names them
+            (`"amx_bf16"`, `"avx512_bf16"`, ...); None: this CPU's.
+        gpu_compute_capabilities: `(major, minor)` of each GPU that trains
+            (None for one whose capability is unknown); empty: the CPU trains.
+            Several GPUs train in one policy, chosen for the oldest.
+        tpu: whether the run trains on TPUs.
+
+    Returns:
+        `(precision, reason)`: a `--mixed_precision` value other than
+        `"auto"` (`"bfloat16"`, `"float16"` or `"float32"`) and a short
+        clause saying why.
+
+    Example:
+
+    >>> choose_precision({"avx2", "amx_bf16"})
+    ('bfloat16', 'the CPU multiplies bfloat16 natively with AMX')
+    >>> choose_precision({"avx2", "fma"})[0]
+    'float32'
+    >>> choose_precision({"avx2"}, gpu_compute_capabilities=[(7, 5)])[0]
+    'float16'
+    """
+    if tpu:
+        return "bfloat16", "TPUs multiply bfloat16 natively"
+    capabilities = list(gpu_compute_capabilities)
+    if capabilities:
+        if any(capability is None for capability in capabilities):
+            return "float32", "a GPU of unknown compute capability"
+        oldest = min(tuple(capability) for capability in capabilities)
+        name = f"GPU compute capability {oldest[0]}.{oldest[1]}"
+        if oldest >= (8, 0):
+            return "bfloat16", f"{name} multiplies bfloat16 natively"
+        if oldest >= (7, 0):
+            return "float16", (
+                f"{name} has float16 tensor cores but no bfloat16; Keras scales the loss"
+            )
+        return "float32", f"{name} has no tensor cores"
+    flags = _cpu_flags() if cpu_flags is None else frozenset(cpu_flags)
+    if "amx_bf16" in flags:
+        return "bfloat16", "the CPU multiplies bfloat16 natively with AMX"
+    if "avx512_bf16" in flags:
+        return "bfloat16", "the CPU multiplies bfloat16 natively with AVX-512 BF16"
+    return "float32", (
+        "the CPU has no bfloat16 arithmetic, neither AMX nor AVX-512 BF16, so mixed "
+        "bfloat16 would train slower than float32"
+    )

@@ -159,23 +159,74 @@ def compile_model(model, config, num_targets=1, steps_per_epoch=None):
     return model
 
 
+def resolve_precision(config):
+    """`(precision, reason)`: what `config.mixed_precision` trains in here, and why.
+
+    `"auto"` resolves by the hardware that trains (`cpu.choose_precision`):
+    the TPUs of `--strategy=tpu`, else the GPUs TensorFlow sees (none where
+    `--devices` names CPUs only), else the CPU. Any other value is kept as
+    asked. Lists physical devices only, so TensorFlow's runtime is not yet
+    started (`--strategy=multi_worker` and CPU logical devices need that).
+    """
+    if config.mixed_precision != "auto":
+        return config.mixed_precision, f"--mixed_precision={config.mixed_precision}"
+    tpu = config.strategy == "tpu"
+    gpus = () if tpu else _gpu_compute_capabilities(config.devices)
+    precision, reason = cpu.choose_precision(gpu_compute_capabilities=gpus, tpu=tpu)
+    return precision, f"--mixed_precision=auto; {reason}"
+
+
+def _gpu_compute_capabilities(devices):
+    """`(major, minor)` (None where unknown) of each GPU a run on `devices` may use."""
+    if devices and all("cpu" in device.lower() for device in devices):
+        return ()
+    import tensorflow as tf
+
+    return [
+        tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        for gpu in tf.config.list_physical_devices("GPU")
+    ]
+
+
 def _set_precision(config):
     """Sets Keras's global dtype policy; warns where bfloat16 cannot be faster.
 
-    On a CPU with no bfloat16 arithmetic (no AMX, no AVX-512 BF16: AVX2
-    machines such as AMD EPYC Zen 1-3) oneDNN multiplies bfloat16 in float32
-    after converting it, and mixed bfloat16 trains slower than float32.
+    `--mixed_precision=auto` resolves first (`resolve_precision`). On a CPU
+    with no bfloat16 arithmetic (no AMX, no AVX-512 BF16: AVX2 machines such
+    as AMD EPYC Zen 1-3) oneDNN multiplies bfloat16 in float32 after
+    converting it, and mixed bfloat16 trains slower than float32: asking for
+    it there warns.
+
+    Returns:
+        `resolve_precision(config)`'s `(precision, reason)`.
     """
-    keras.config.set_dtype_policy(PRECISION_POLICIES[config.mixed_precision])
+    precision, reason = resolve_precision(config)
+    keras.config.set_dtype_policy(PRECISION_POLICIES[precision])
     if (config.mixed_precision == "bfloat16" and not cpu.accelerated()
             and cpu.bfloat16_unit() is None):
         warnings.warn(
             "mixed_precision='bfloat16' on a CPU without bfloat16 arithmetic (no "
             f"amx_bf16 or avx512_bf16; it reports {cpu.instruction_sets()}): oneDNN "
             "computes bfloat16 in float32 here, so this run will train slower than "
-            "with --mixed_precision=float32 (docs/performance.md).",
+            "with --mixed_precision=float32 or auto (docs/performance.md).",
             stacklevel=2,
         )
+    return precision, reason
+
+
+def _config_record(config, precision, reason):
+    """`config.json`'s text: the options as given, plus the precision they resolved to.
+
+    `mixed_precision` stays what was asked (e.g. "auto");
+    `mixed_precision_resolved` and `mixed_precision_reason` say what the run
+    trained in and why. They are not `ExperimentConfig` fields: readers
+    that build a config from the file keep the fields they know
+    (`load_trained_model`), and files written before them still load.
+    """
+    record = json.loads(config.to_json())
+    record["mixed_precision_resolved"] = precision
+    record["mixed_precision_reason"] = reason
+    return json.dumps(record, indent=2, sort_keys=True)
 
 
 def _make_strategy(config):
@@ -436,7 +487,7 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
     """`train_and_evaluate` once the work directory is locked."""
     check_workdir(workdir, config, overwrite)
     keras.utils.set_random_seed(config.seed)
-    _set_precision(config)
+    precision, reason = _set_precision(config)
     train_data, validation_data, test_data, spec, extra_evaluations = _make_datasets(config)
     # Under multi_worker every worker reads the same batches and keeps its share.
     train_data, test_data = shard_by_data(train_data), shard_by_data(test_data)
@@ -447,7 +498,7 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
     test_examples = int(test_data.cardinality()) * config.batch_size
     check_run_memory(config, spec, max(test_examples, 0))
     with open(os.path.join(workdir, "config.json"), "w") as file:
-        file.write(config.to_json())
+        file.write(_config_record(config, precision, reason))
     if spec.class_names:
         write_class_names(workdir, spec.class_names)
 
@@ -555,7 +606,7 @@ def _train_ensemble(config, workdir, overwrite):
 
     check_workdir(workdir, config, overwrite)
     with open(os.path.join(workdir, "config.json"), "w") as file:
-        file.write(config.to_json())
+        file.write(_config_record(config, *resolve_precision(config)))
     trials = []
     for trial in range(config.num_trials):
         trial_config = dataclasses.replace(config, seed=config.seed + trial, num_trials=1)

@@ -151,8 +151,12 @@ def _own_info_only(record):
     return record.levelno >= std_logging.WARNING or record.pathname.startswith(own)
 
 
-def configuration_summary(config, workdir):
-    """One short paragraph: the options that differ from the defaults, and where the rest is."""
+def configuration_summary(config, workdir, precision=None):
+    """One short paragraph: the options that differ from the defaults, and where the rest is.
+
+    `precision`: `training.resolve_precision(config)`'s `(precision, reason)`,
+    shown on a line of its own; None leaves the line out.
+    """
     defaults = ExperimentConfig()
     changed = [
         f"{field.metadata['flag'] or field.name}={getattr(config, field.name)}"
@@ -160,11 +164,16 @@ def configuration_summary(config, workdir):
         if getattr(config, field.name) != getattr(defaults, field.name)
     ]
     data = f"the images of {config.image_folder}" if config.image_folder else config.dataset
-    return (
-        f"Training {config.model} on {data} for {config.epochs} epoch(s) in {workdir}\n"
-        f"  options changed from the defaults: {', '.join(changed) or 'none'}\n"
-        f"  (all options: {os.path.join(workdir, 'config.json')})"
-    )
+    lines = [
+        f"Training {config.model} on {data} for {config.epochs} epoch(s) in {workdir}",
+        f"  options changed from the defaults: {', '.join(changed) or 'none'}",
+    ]
+    if precision is not None:
+        resolved, reason = precision
+        policy = "float32" if resolved == "float32" else f"mixed {resolved}"
+        lines.append(f"  precision: {policy} ({reason})")
+    lines.append(f"  (all options: {os.path.join(workdir, 'config.json')})")
+    return "\n".join(lines)
 
 
 def main(argv):
@@ -178,7 +187,12 @@ def main(argv):
     from capsnet_tf.data import DatasetNotFoundError
     from capsnet_tf.extras import MissingDependencyError
     from capsnet_tf.runlock import WorkdirBusyError
-    from capsnet_tf.training import IncompatibleWorkdirError, train_and_evaluate, train_ensemble
+    from capsnet_tf.training import (
+        IncompatibleWorkdirError,
+        resolve_precision,
+        train_and_evaluate,
+        train_ensemble,
+    )
 
     if not flags.FLAGS["verbosity"].present:
         # Other libraries' INFO lines (TFDS's "Load dataset info ...") only
@@ -186,7 +200,7 @@ def main(argv):
         # INFO lines (a resumed run, the replicas in sync) always show.
         logging.get_absl_logger().addFilter(_own_info_only)
     config = config_from_flags()
-    print(configuration_summary(config, _WORKDIR.value))
+    print(configuration_summary(config, _WORKDIR.value, resolve_precision(config)))
     logging.debug("Configuration:\n%s", config.to_json())
     try:
         if config.num_trials > 1:
