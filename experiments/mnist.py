@@ -26,16 +26,101 @@ import time
 
 _START_TIME = time.time()  # the run's clock (time to --target_accuracy) starts here
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import errno  # noqa: E402
 import logging as std_logging  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 
-# A readable console by default: TensorFlow's C++ INFO and WARNING lines (XLA
-# service banners, oneDNN notes) stay hidden unless --verbosity is given;
-# errors still show. Set before TensorFlow is first imported.
-if not any(arg.startswith(("--verbosity", "-v=", "--v=")) for arg in sys.argv[1:]):
+# TensorFlow's C++ log lines, as Abseil writes them: "I0000 00:00:1796540418.568715
+# 5827 port.cc:153] ...". Hidden at start-up: INFO and WARNING lines, Abseil's
+# note that they precede absl::InitializeLog, and the CPU-feature note's second
+# line; errors only where they say that CUDA is absent (see `_hidden_at_start`).
+_CPP_LOG_LINE = re.compile(r"([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+:\d+\] ")
+_CPP_START_NOTES = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "To enable the following instructions:",
+)
+# CUDA's absence, reported as an error by the CUDA build of TensorFlow (the
+# `tensorflow` package) on a machine with no NVIDIA driver.
+_NO_CUDA_ERRORS = ("failed call to cuInit", "Unable to register cu")
+
+
+def _hidden_at_start(line, nvidia_driver=None):
+    """Whether a console line is TensorFlow C++ start-up noise, hidden without --verbosity.
+
+    Kept: everything Python writes, C++ errors and fatal lines, except the
+    cuInit failure of a machine without an NVIDIA driver (`nvidia_driver`;
+    None: look for `/proc/driver/nvidia`).
+    """
+    text = line.strip()
+    if text.startswith(_CPP_START_NOTES):
+        return True
+    match = _CPP_LOG_LINE.match(text)
+    if match is None:
+        return False
+    if match.group(1) in "IW":
+        return True
+    if nvidia_driver is None:
+        nvidia_driver = os.path.exists("/proc/driver/nvidia")
+    return match.group(1) == "E" and not nvidia_driver and any(
+        error in text for error in _NO_CUDA_ERRORS
+    )
+
+
+@contextlib.contextmanager
+def _quiet_start():
+    """Hides TensorFlow's C++ start-up lines (`_hidden_at_start`) while it loads.
+
+    They are written to file descriptor 2 by C++ static initialisers as the
+    shared libraries load, before TensorFlow reads TF_CPP_MIN_LOG_LEVEL, so
+    no setting made from Python reaches them. While this is active fd 2 is a
+    pipe; a thread forwards every other line to the real stderr as it comes.
+    The block came twice: `libtensorflow_framework.so.2` writes it, then
+    `tensorflow/python/profiler/internal/_pywrap_profiler_plugin.so`
+    (imported by `import tensorflow`), which links its own copies of the
+    same TSL and Abseil code, writes it again in the same process.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    with contextlib.suppress(OSError, AttributeError):  # room for a chatty start (Linux)
+        import fcntl
+
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 1 << 20)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward():
+        with os.fdopen(read_end, "rb") as lines, os.fdopen(os.dup(saved), "wb", 0) as out:
+            for line in lines:
+                if not _hidden_at_start(line.decode(errors="replace")):
+                    out.write(line)
+
+    thread = threading.Thread(target=forward, name="quiet-start", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last write end closes: the thread ends
+        os.close(saved)
+        thread.join(timeout=10)
+
+
+# A readable console by default: TensorFlow's C++ start-up lines and its later
+# INFO and WARNING lines (XLA service banners) stay hidden unless --verbosity
+# (or a TF_CPP_* logging variable) is given; errors still show. Set before
+# TensorFlow is first imported.
+_QUIET = (
+    __name__ == "__main__"
+    and not any(arg.startswith(("--verbosity", "-v=", "--v=")) for arg in sys.argv[1:])
+    and not any(name in os.environ for name in ("TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE"))
+)
+if _QUIET:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
@@ -43,7 +128,13 @@ from absl import app, flags, logging  # noqa: E402
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))  # the repository, when not installed
 
-from capsnet_tf.config import ExperimentConfig  # noqa: E402
+with _quiet_start() if _QUIET and "tensorflow" not in sys.modules else contextlib.nullcontext():
+    from capsnet_tf.config import ExperimentConfig  # noqa: E402
+
+    if _QUIET:  # CUDA's start (cuInit) as well, which the first device query makes
+        import tensorflow as tf
+
+        tf.config.list_physical_devices("GPU")
 
 _WORKDIR = flags.DEFINE_string(
     "workdir", "/tmp/capsnet_mnist", "Directory for the configuration, checkpoints and logs."
