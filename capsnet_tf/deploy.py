@@ -103,7 +103,7 @@ def quantize_tflite(source, mode, images=None, output_path=None):
     Args:
         source: the Keras `CapsNet` (or its `inference_model()`), which is
             exported with straight-line routing for the conversion (see
-            `capsnet_tf.layers.capsule_layer.straight_line_routing`), or a
+            `capsnet_tf.kernels.straight_line_routing`), or a
             directory written by `export_saved_model`. Give the model for
             `int8`: an ordinary export keeps the routing in `WHILE` loops,
             whose tensors share one int8 scale across the iterations, and the
@@ -123,7 +123,7 @@ def quantize_tflite(source, mode, images=None, output_path=None):
         import tempfile
 
         from capsnet_tf.export import export_saved_model
-        from capsnet_tf.layers.capsule_layer import straight_line_routing
+        from capsnet_tf.kernels import straight_line_routing
 
         with tempfile.TemporaryDirectory() as directory:
             with straight_line_routing():

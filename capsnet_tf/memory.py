@@ -18,13 +18,15 @@ What is counted (float32, 4 bytes a value; the batch's share is per example):
 - the activations kept for the backward pass and their gradients: each stem
   convolution and `conv1` (2 copies), the input each of them unfolds (im2col:
   `positions x kernel area x input channels`) for its kernel's gradient in
-  TensorFlow's CPU convolutions (1), the PrimaryCaps patches on CPUs
-  (`capsnet_tf.layers.primary_capsule`: `positions x 9 x 9 x 256`, saved for
-  the kernel's gradient: 1) and their gradient (1: in float32, which this
-  estimate counts, the input's gradient is a matmul into patch-sized
-  gradients that two fold matmuls sum back, `_col2im`, through one
-  intermediate 0.37 of the patches' size, counted too; only bfloat16 without
-  AMX takes a backward convolution that makes none), the primary poses (4:
+  TensorFlow's CPU convolutions (1), the PrimaryCaps patches where its
+  convolution runs as im2col and a matmul (`capsnet_tf.kernels`: CPUs,
+  `valid` padding; `positions x 9 x 9 x 256`, saved for the kernel's
+  gradient: 1) and their gradient (1: in float32, which this estimate
+  counts, the input's gradient is a matmul into patch-sized gradients that
+  two fold matmuls sum back, `kernels.col2im`, through one intermediate 0.37
+  of the patches' size, counted too; only the bfloat16 form of CPUs with
+  AVX-512 BF16 and no AMX, `im2col_backprop_input`, takes a backward
+  convolution that makes none), the primary poses (4:
   convolution output, transposed, squashed, gradient), the votes (4: the product's
   output, its output-major transpose, and both gradients), the routing's
   logits, couplings and agreements of every iteration (3, with gradients 6)
@@ -54,7 +56,7 @@ import inspect
 import math
 import os
 
-from capsnet_tf import cpu
+from capsnet_tf import cpu, kernels
 from capsnet_tf.models.grid import capsule_counts
 
 __all__ = [
@@ -149,8 +151,11 @@ def estimate_training_memory(
         image_shape: `(height, width, channels)`.
         num_classes: class capsules.
         batch_size: examples per step.
-        im2col: PrimaryCaps runs as im2col and one matmul (CPUs, `valid`
-            padding), which materialises its patches.
+        im2col: count PrimaryCaps' forms on a CPU (True), where
+            `capsnet_tf.kernels` runs a `valid` convolution as im2col and
+            one matmul, which materialises its patches; on an accelerator
+            (False), where it stays a convolution; or on this machine
+            (None).
         data_bytes: the input pipeline's memory (`pipeline_bytes`).
         baseline_bytes: TensorFlow's own resident memory.
         checkpoints: the run writes checkpoints and backups (as
@@ -199,7 +204,10 @@ def estimate_training_memory(
     stem_values = sum(h * w * stem_filters for h, w in stem)
     conv_values = conv[0] * conv[1] * conv_filters
     patches = grid[0] * grid[1] * primary_kernel_size**2 * conv_filters
-    primary_im2col = im2col and padding == "valid"
+    device = None if im2col is None else "cpu" if im2col else "accelerator"
+    primary_im2col = kernels.convolution_form(
+        "float32", padding, kernels="this_machine", device=device
+    ) != "conv"
     # TensorFlow's CPU convolutions unfold their input (im2col) for the
     # kernel's gradient: output positions x kernel area x input channels.
     workspace = 0
@@ -375,7 +383,7 @@ def estimate_run_memory(config, spec, test_examples=0):
         spec.image_shape,
         spec.num_classes,
         config.batch_size,
-        im2col=not cpu.accelerated(),
+        im2col=None,
         data_bytes=data,
         **capsnet_options(config),
     )

@@ -1,13 +1,11 @@
 """CapsuleLayer and dynamic routing against an independent NumPy float64 reference."""
 
-import os
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from capsnet_tf import CapsuleLayer, dynamic_routing
+from capsnet_tf import CapsuleLayer, dynamic_routing, kernels
 from capsnet_tf.layers import capsule_layer
 from tests.layer_test_case import run_layer_test
 
@@ -96,7 +94,7 @@ def test_xla_routing_of_training_calls_matches_float64_reference(iterations, lea
     monkeypatch.setattr(
         capsule_layer, "_xla_routing", lambda *args: calls.append(1) or xla_routing(*args)
     )
-    monkeypatch.setattr(capsule_layer, "_xla_routing_parts", lambda: 1)  # one call a batch
+    monkeypatch.setattr(kernels, "routing_slices", lambda: 1)  # one call a batch
     np.testing.assert_allclose(
         layer(inputs, training=True).numpy(), expected, rtol=1e-6, atol=1e-8
     )
@@ -115,56 +113,6 @@ def test_xla_routing_of_training_calls_matches_float64_reference(iterations, lea
     always.set_weights([kernel, bias])
     np.testing.assert_allclose(always(inputs).numpy(), expected, rtol=1e-6, atol=1e-8)
     assert len(calls) == 2
-
-
-@pytest.mark.parametrize("batch", [1, 3, 8, 9])
-def test_xla_routing_in_slices_of_the_batch_equals_one_call(batch, monkeypatch):
-    """Slices of any batch, smaller than the parts or not, unknown when traced."""
-    layer, _, _, _ = make_layer(3, leaky=False)
-    inputs = tf.constant(np.random.default_rng(batch).normal(size=(batch, 6, 4)))
-    upstream = tf.constant(np.random.default_rng(batch + 1).normal(size=(batch, 3, 5)))
-    calls = []
-    xla_routing = capsule_layer._xla_routing
-    monkeypatch.setattr(
-        capsule_layer, "_xla_routing", lambda *args: calls.append(1) or xla_routing(*args)
-    )
-
-    def routed(parts):
-        monkeypatch.setattr(capsule_layer, "_xla_routing_parts", lambda: parts)
-
-        @tf.function(input_signature=[tf.TensorSpec((None, 6, 4), tf.float64)])
-        def run(inputs):
-            with tf.GradientTape() as tape:
-                tape.watch(inputs)
-                outputs = layer(inputs, training=True)
-            return outputs, tape.gradient(
-                outputs, [inputs, layer.kernel], output_gradients=upstream
-            )
-
-        return run(inputs)
-
-    outputs, (input_gradient, kernel_gradient) = routed(1)
-    assert len(calls) == 1
-    assert np.abs(kernel_gradient.numpy()).max() > 1e-3
-    for parts in (2, 4):
-        got, (got_input_gradient, got_kernel_gradient) = routed(parts)
-        np.testing.assert_allclose(got.numpy(), outputs.numpy(), rtol=1e-12, atol=1e-14)
-        np.testing.assert_allclose(
-            got_input_gradient.numpy(), input_gradient.numpy(), rtol=1e-12, atol=1e-14
-        )
-        np.testing.assert_allclose(
-            got_kernel_gradient.numpy(), kernel_gradient.numpy(), rtol=1e-10, atol=1e-13
-        )
-    assert len(calls) == 1 + 2 + 4  # one XLA call a slice
-
-
-def test_xla_routing_parts_are_two_per_core_on_cpus(monkeypatch):
-    monkeypatch.setattr(capsule_layer.cpu, "accelerated", lambda: False)
-    for cores, parts in ((1, 2), (2, 4), (8, 16), (64, 16)):
-        monkeypatch.setattr(os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
-        assert capsule_layer._xla_routing_parts() == parts
-    monkeypatch.setattr(capsule_layer.cpu, "accelerated", lambda: True)
-    assert capsule_layer._xla_routing_parts() == 1
 
 
 def test_xla_routing_gradients_match_numerical():
@@ -197,47 +145,6 @@ def test_xla_routing_needs_python_iterations():
         dynamic_routing(votes, None, tf.constant(3), jit_compile=True)
     with pytest.raises(ValueError, match="jit_compile"):
         CapsuleLayer(3, 5, jit_compile="always")
-
-
-@pytest.mark.parametrize("chunk_size", [1, 7, 16])
-def test_inference_in_chunks_matches_the_whole_batch(chunk_size, monkeypatch):
-    calls = []
-    in_chunks = capsule_layer._in_chunks
-    monkeypatch.setattr(
-        capsule_layer, "_in_chunks", lambda *args: calls.append(1) or in_chunks(*args)
-    )
-    rng = np.random.default_rng(3)
-    whole = CapsuleLayer(3, 5, inference_chunk_size=None, dtype="float64")
-    whole.build((None, 6, 4))
-    whole.set_weights([rng.normal(scale=0.5, size=(6, 3, 4, 5)), rng.normal(size=(3, 5))])
-    chunked = CapsuleLayer.from_config({**whole.get_config(), "inference_chunk_size": chunk_size})
-    chunked.build((None, 6, 4))
-    chunked.set_weights(whole.get_weights())
-    inputs = rng.normal(size=(17, 6, 4))
-    graph = tf.function(lambda x: chunked(x, training=False), reduce_retracing=True)
-    for size in (1, 6, 7, 16, 17):  # shorter, equal and longer than a chunk
-        expected = whole(inputs[:size]).numpy()
-        np.testing.assert_allclose(chunked(inputs[:size]).numpy(), expected, rtol=1e-12)
-        np.testing.assert_allclose(graph(inputs[:size]).numpy(), expected, rtol=1e-12)
-    # Gradients flow through the chunk loop as through the whole batch.
-    x = tf.constant(inputs[:9])
-    grads = []
-    for layer in (whole, chunked):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(layer(x, training=False) ** 2)
-        grads.append(tape.gradient(loss, [x, layer.kernel]))
-    for a, b in zip(*grads):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
-    assert len(calls) > 0
-    # Not in training calls, nor where XLA compiles the caller (shapes must be static).
-    calls.clear()
-    chunked(inputs, training=True)
-    xla = tf.function(lambda x: chunked(x, training=False), jit_compile=True)
-    np.testing.assert_allclose(xla(inputs).numpy(), whole(inputs).numpy(), rtol=1e-10)
-    assert not calls
-    with pytest.raises(ValueError, match="inference_chunk_size"):
-        CapsuleLayer(3, 5, inference_chunk_size=0)
 
 
 def test_float32_layer_is_close_to_reference():
@@ -353,25 +260,3 @@ def test_wrong_input_rank_is_refused():
     layer = CapsuleLayer(10, 16)
     with pytest.raises(ValueError):
         layer(np.zeros((2, 6, 6, 8), "float32"))
-
-
-@pytest.mark.parametrize("leaky", [False, True])
-def test_straight_line_routing_traces_no_loop_and_gives_the_loops_values(leaky):
-    """Under `straight_line_routing` the inference graph has no While op, same outputs."""
-    layer = CapsuleLayer(4, 6, routing_iterations=3, leaky_routing=leaky, inference_chunk_size=2)
-    inputs = np.random.default_rng(3).normal(size=(5, 9, 8)).astype("float32")
-    spec = tf.TensorSpec((None, 9, 8), tf.float32)
-    looped = tf.function(lambda x: layer(x)).get_concrete_function(spec)
-    with capsule_layer.straight_line_routing():
-        straight = tf.function(lambda x: layer(x)).get_concrete_function(spec)
-
-    def op_types(function):
-        types = {op.type for op in function.graph.get_operations()}
-        for inner in function.graph._functions.values():
-            types |= {node.op for node in inner.definition.node_def}
-        return types
-
-    assert {"While", "StatelessWhile"} & op_types(looped)  # chunks and routing loop
-    assert not {"While", "StatelessWhile"} & op_types(straight)
-    np.testing.assert_allclose(straight(inputs), looped(inputs), rtol=1e-5, atol=1e-6)
-    assert not capsule_layer._straight_line()  # the block leaves no trace

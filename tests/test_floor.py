@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from capsnet_tf import benchmarking
-from capsnet_tf.layers.primary_capsule import _patches
+from capsnet_tf.kernels import im2col
 from tests.conftest import REPO_ROOT
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -23,7 +23,7 @@ def test_traffic_counts_the_models_own_tensors():
     batch, parameters = 3, 1234
     traffic = benchmarking.step_traffic_bytes(batch, 2, parameters, routing_iterations=3)
     # conv1's output of an MNIST image, gathered the way PrimaryCaps does.
-    patches, _, _ = _patches(tf.zeros((batch, 20, 20, 256), tf.bfloat16), 9, 2)
+    patches, _, _ = im2col(tf.zeros((batch, 20, 20, 256), tf.bfloat16), 9, 2)
     assert traffic["patches"] == patches.shape.num_elements() * 2
     assert traffic["patch_gradients"] == traffic["patches"]
     model = benchmarking.mnist_capsnet("float32")

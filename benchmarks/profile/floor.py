@@ -13,7 +13,7 @@ Per precision and round:
 
 - the PrimaryCaps matmuls, 94% of the step's FLOPs: its product at
   `--batch_size` and both gradients, as training computes them
-  (`_patch_product` under a gradient tape), each alone and the three side
+  (`kernels.patch_product` under a gradient tape), each alone and the three side
   by side in one function; the faster of the two counts;
 - the least memory traffic the rest of the step must add
   (`capsnet_tf.benchmarking.step_traffic_bytes`: patches, their gradients,
@@ -54,7 +54,7 @@ def corner(*tensors):
 
 
 def primary_matmuls(patches, kernel, upstream):
-    """PrimaryCaps' product and its gradients in training's forms (`_patch_product`).
+    """PrimaryCaps' product and its gradients in training's forms (`kernels.patch_product`).
 
     Args:
         patches: `[batch * 36, 9 * 9 * channels]` variable, the im2col's rows.
@@ -69,11 +69,11 @@ def primary_matmuls(patches, kernel, upstream):
     """
     import tensorflow as tf
 
-    from capsnet_tf.layers.primary_capsule import _patch_product
+    from capsnet_tf.kernels import patch_product
 
     def products(forward, sources):
         with tf.GradientTape() as tape:
-            outputs = _patch_product(patches, kernel, 6, 6)
+            outputs = patch_product(patches, kernel, 6, 6)
         gradients = tape.gradient(outputs, sources, output_gradients=upstream)
         return corner(*([outputs] if forward else []), *gradients)
 

@@ -1,44 +1,15 @@
 """Fully connected capsules with routing-by-agreement (the paper's DigitCaps)."""
 
-import contextlib
 import numbers
-import threading
 
 import keras
 import tensorflow as tf
 from keras import ops
 
-from capsnet_tf import cpu
+from capsnet_tf import kernels
 from capsnet_tf.ops import squash
 
-__all__ = ["CapsuleLayer", "dynamic_routing", "straight_line_routing"]
-
-_STRAIGHT_LINE = threading.local()
-
-
-@contextlib.contextmanager
-def straight_line_routing():
-    """Traces routing without loops: iterations unrolled, the batch in one piece.
-
-    While tracing inside this block (e.g. exporting a SavedModel), the
-    routing iterations are unrolled and inference is not cut into chunks, so
-    the graph has no `tf.while_loop` around the routing. Same values; what
-    changes is the graph: full-integer (int8) TFLite quantization calibrates
-    every tensor of a loop body with one scale shared by all iterations, which
-    the routing logits (zero in the first iteration, large in the last) do not
-    survive, while unrolled every iteration gets its own scales
-    (`capsnet_tf.deploy.quantize_tflite`).
-    """
-    previous = getattr(_STRAIGHT_LINE, "on", False)
-    _STRAIGHT_LINE.on = True
-    try:
-        yield
-    finally:
-        _STRAIGHT_LINE.on = previous
-
-
-def _straight_line():
-    return getattr(_STRAIGHT_LINE, "on", False)
+__all__ = ["CapsuleLayer", "dynamic_routing"]
 
 
 def _coupling(logits, leaky):
@@ -86,16 +57,16 @@ def dynamic_routing(
     (`CapsuleLayer` builds them so; this function transposes its argument
     once): both routing products, the weighted sum over input capsules and
     the agreement, are then batched matrix-vector products along contiguous
-    rows of input capsules, with no transpose per iteration. (The
-    `[batch, output, input, dim]` layout of the argument makes the agreement
-    a dot product of 16 numbers per input capsule, which XLA's CPU code runs
-    about a third slower, forward and backward; docs/performance.md.)
+    rows of input capsules, with no transpose per iteration (the argument's
+    layout would make the agreement a dot product of `output_dim` numbers
+    per input capsule; docs/performance.md compares the two).
 
     With `jit_compile=True` the iterations are unrolled and compiled by XLA
     as one cluster (fused softmax, squash and sums, so the memory-bound
-    iterations read the votes fewer times; about a second to compile per
-    input shape). XLA cannot return the couplings, so
-    `return_couplings=True` always takes the `tf.while_loop`.
+    iterations read the votes fewer times; compiled once per input shape).
+    XLA cannot return the couplings, so `return_couplings=True` always takes
+    the `tf.while_loop`. Under `capsnet_tf.kernels.use_kernels("straight_line")`
+    the iterations are unrolled without XLA, so the graph has no loop.
 
     Args:
         votes: `u_hat`, float tensor `[batch, output_capsules, input_capsules,
@@ -115,14 +86,18 @@ def dynamic_routing(
         input_capsules, output_capsules]`.
     """
     votes = tf.transpose(tf.convert_to_tensor(votes), (0, 1, 3, 2))
-    return _route_votes(votes, bias, iterations, leaky, return_couplings, jit_compile)
+    form = kernels.routing_form(jit_compile, return_couplings, iterations)
+    return _route_votes(votes, bias, iterations, leaky, return_couplings, form)
 
 
-def _route_votes(votes, bias, iterations, leaky, return_couplings, jit_compile):
-    """`dynamic_routing` of votes laid out `[batch, output, dim, input]`."""
-    if _straight_line() and not return_couplings and isinstance(iterations, int):
+def _route_votes(votes, bias, iterations, leaky, return_couplings, form):
+    """`dynamic_routing` of votes laid out `[batch, output, dim, input]`.
+
+    `form` (`kernels.routing_form`): `"loop"`, `"xla"` or `"unrolled"`.
+    """
+    if form == "unrolled":
         return _unrolled_routing(votes, bias, iterations, leaky)
-    if jit_compile and not return_couplings:
+    if form == "xla":
         if not isinstance(iterations, int) or isinstance(iterations, bool):
             raise ValueError(
                 "`jit_compile=True` unrolls the routing loop and needs a python "
@@ -204,100 +179,11 @@ def _unrolled_routing(votes, bias, iterations, leaky):
     return _routing_outputs(votes, bias, logits, leaky)[0]
 
 
-_MOST_ROUTING_SLICES = 16
-
-
-def _xla_routing_parts():
-    """Into how many slices `CapsuleLayer` cuts a batch for XLA routing: 2 per CPU core.
-
-    1 where TensorFlow sees a GPU or TPU, whose XLA kernels use the whole
-    device. On CPUs, more slices than cores keeps both inter-op threads busy
-    to the end (4 and 8 slices trained equally fast on 2 cores, 2 slower;
-    docs/performance.md). At most 16: measured on 2 cores only, the cap
-    keeps slices of a batch of 100-128 at 6 examples or more on large
-    machines, where every slice adds its own dozens of small ops.
-    """
-    if cpu.accelerated():
-        return 1
-    return min(2 * cpu.usable_cores(), _MOST_ROUTING_SLICES)
-
-
-def _in_slices(function, inputs, parts):
-    """`function` of `parts` slices of the batch, run independently and concatenated.
-
-    XLA's CPU code runs the routing's fused loops on one thread, so one call
-    for the whole batch leaves the other cores idle through the routing,
-    forward and backward. Routing is per example: separate calls on slices
-    of the batch (votes, routing and their gradients) run side by side on
-    TensorFlow's inter-op threads, each compiled once per slice size. The
-    batch may be unknown when traced (`model.fit`) or smaller than `parts`
-    (empty slices route nothing).
-    """
-    batch = tf.shape(inputs)[0]
-    sizes = batch // parts + tf.cast(tf.range(parts) < batch % parts, tf.int32)
-    slices = tf.split(inputs, sizes, num=parts, axis=0)
-    return tf.concat([function(part) for part in slices], 0)
-
-
 # One trace per (iterations, leaky, return_couplings) and dtype; any batch size.
 _compiled_routing = tf.function(_routing_graph, reduce_retracing=True, autograph=False)
-# XLA-compiled per input shape (about a second each on 2 CPU cores); used for
-# training calls by default, where the batch size rarely changes.
+# XLA-compiled once per input shape; used for training calls by default,
+# where the batch size rarely changes.
 _xla_routing = tf.function(_unrolled_routing, jit_compile=True, autograph=False)
-
-
-def _in_chunks(function, inputs, chunk_size, output_tail):
-    """`function(inputs)` computed at most `chunk_size` examples at a time.
-
-    The batch is cut into `ceil(batch / chunk_size)` equal chunks (zero rows
-    pad the last one; their results are dropped), run one after another in a
-    `tf.while_loop`: one graph for every batch size, and each chunk's votes
-    stay in the CPU's caches through all routing iterations instead of
-    streaming the whole batch's votes from memory five times. Each chunk's
-    result is padded into place and added, so the loop holds no tensor lists
-    (TFLite converts it with built-in operators).
-    """
-    batch = tf.shape(inputs)[0]
-    count = tf.maximum((batch + chunk_size - 1) // chunk_size, 1)
-    size = (batch + count - 1) // count
-    total = count * size
-    rank = inputs.shape.rank
-    padded = tf.pad(inputs, [[0, total - batch]] + [[0, 0]] * (rank - 1))
-
-    def body(index, results):
-        start = index * size
-        chunk = tf.slice(padded, [start] + [0] * (rank - 1), [size] + [-1] * (rank - 1))
-        placed = tf.pad(
-            function(chunk), [[start, total - start - size]] + [[0, 0]] * len(output_tail)
-        )
-        placed.set_shape(results.shape)  # known when the batch size is
-        return index + 1, results + placed
-
-    results = tf.zeros(tf.concat([[total], output_tail], 0), inputs.dtype)
-    _, results = tf.while_loop(
-        lambda index, _: index < count,
-        body,
-        (tf.constant(0), results),
-        parallel_iterations=1,
-    )
-    return results[:batch]
-
-
-def _in_xla_context():
-    """Whether the caller is being traced for XLA (`tf.function(jit_compile=True)`).
-
-    Uses TensorFlow's own test (the one its control flow uses); if that
-    private helper ever disappears, assume XLA, which only turns off the
-    inference chunking.
-    """
-    try:
-        from tensorflow.python.framework import ops as framework_ops
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover - depends on TensorFlow's internals
-        return True
-    if tf.executing_eagerly():
-        return False
-    return control_flow_util.GraphOrParentsInXlaContext(framework_ops.get_default_graph())
 
 
 @keras.saving.register_keras_serializable(package="capsnet_tf")
@@ -337,15 +223,11 @@ class CapsuleLayer(keras.layers.Layer):
         jit_compile: when the routing is compiled with XLA (see
             `dynamic_routing`): `"training"` (default) in training calls
             only, so inference and exported models keep one graph for every
-            batch size; `True` always; `False` never. On CPUs the XLA calls
-            route 2 slices of the batch per core side by side (XLA's CPU
-            code runs the routing on one thread); the values are the same.
-        inference_chunk_size: inference calls (not training, no XLA, no
-            couplings, no GPU visible) route the batch this many examples at
-            a time, so each chunk's votes stay in the CPU caches through the
-            routing iterations instead of streaming them from memory at
-            every iteration. `None`
-            routes the whole batch at once. Results do not depend on it.
+            batch size; `True` always; `False` never.
+        inference_chunk_size: where `capsnet_tf.kernels` routes inference
+            calls in chunks (CPUs), at most this many examples a chunk;
+            `None` routes the whole batch at once. Results do not depend on
+            it.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -462,32 +344,25 @@ class CapsuleLayer(keras.layers.Layer):
         )
 
     def call(self, inputs, training=None, return_couplings=False):
-        jit_compile = self.jit_compile is True or (
-            self.jit_compile == "training" and bool(training)
+        plan = kernels.routing_plan(
+            training=bool(training),
+            jit_compile=self.jit_compile is True
+            or (self.jit_compile == "training" and bool(training)),
+            return_couplings=return_couplings,
+            iterations=self.routing_iterations,
+            chunk_size=self.inference_chunk_size,
         )
-        if jit_compile and not (return_couplings or _straight_line() or _in_xla_context()):
-            parts = _xla_routing_parts()
-            if parts > 1:
-                return _in_slices(lambda part: self._route(part, False, True), inputs, parts)
-        if (
-            self.inference_chunk_size is None
-            or training
-            or return_couplings
-            or jit_compile
-            or tf.config.list_logical_devices("GPU")
-            or _in_xla_context()
-            or _straight_line()
-        ):
-            return self._route(inputs, return_couplings, jit_compile)
-        return _in_chunks(
-            lambda chunk: self._route(chunk, False, False),
+        # Routing is per example: the plan may route the batch in pieces, each
+        # computing its own votes (`capsnet_tf.kernels`); the values are the same.
+        return kernels.route_batch(
+            lambda part: self._route(part, return_couplings, plan.form),
             inputs,
-            self.inference_chunk_size,
+            plan,
             (self.num_capsules, self.capsule_dim),
         )
 
-    def _route(self, inputs, return_couplings, jit_compile):
-        """Votes and routing for a batch of input capsules."""
+    def _route(self, inputs, return_couplings, form):
+        """Votes and routing for a batch of input capsules (`form`: see `_route_votes`)."""
         kernel = ops.cast(self.kernel, inputs.dtype)
         if self.vote_scale != 1.0:
             kernel = kernel * ops.cast(self.vote_scale, kernel.dtype)
@@ -514,8 +389,7 @@ class CapsuleLayer(keras.layers.Layer):
         votes = tf.cast(votes, _routing_dtype(self.compute_dtype))
         bias = None if self.bias is None else tf.cast(self.bias, votes.dtype)
         result = _route_votes(
-            votes, bias, self.routing_iterations, self.leaky_routing, return_couplings,
-            jit_compile,
+            votes, bias, self.routing_iterations, self.leaky_routing, return_couplings, form
         )
         if return_couplings:
             activation, couplings = result
