@@ -16,7 +16,7 @@ without it each function raises `MissingDependencyError` naming the extra.
     representative sample of training images, with integer (uint8) input and
     output: the input's scale is 1/255, so a pixel's uint8 value is passed as
     it is. The model is converted with its routing unrolled
-    (`straight_line_routing`): inside `WHILE` loops the tensors of all
+    (`kernels="straight_line"`): inside `WHILE` loops the tensors of all
     routing iterations share one int8 scale, which the routing logits (zero
     at first, large at the end) do not survive (docs/serving.md).
 - `convert_to_onnx(saved_model_dir, path)`: `model.onnx` through tf2onnx,
@@ -102,9 +102,9 @@ def quantize_tflite(source, mode, images=None, output_path=None):
 
     Args:
         source: the Keras `CapsNet` (or its `inference_model()`), which is
-            exported with straight-line routing for the conversion (see
-            `capsnet_tf.kernels.straight_line_routing`), or a
-            directory written by `export_saved_model`. Give the model for
+            exported with portable forms and straight-line routing for the
+            conversion (`kernels="straight_line"`, see `capsnet_tf.kernels`),
+            or a directory written by `export_saved_model`. Give the model for
             `int8`: an ordinary export keeps the routing in `WHILE` loops,
             whose tensors share one int8 scale across the iterations, and the
             quantized model then loses most of its accuracy.
@@ -123,11 +123,11 @@ def quantize_tflite(source, mode, images=None, output_path=None):
         import tempfile
 
         from capsnet_tf.export import export_saved_model
-        from capsnet_tf.kernels import straight_line_routing
 
         with tempfile.TemporaryDirectory() as directory:
-            with straight_line_routing():
-                saved = export_saved_model(source, directory, verify=False)
+            saved = export_saved_model(
+                source, directory, verify=False, kernels="straight_line"
+            )
             return quantize_tflite(saved, mode, images, output_path)
     import tensorflow as tf
 

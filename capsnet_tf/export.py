@@ -38,6 +38,13 @@ After `tf.saved_model.load`, `loaded.labels_file.asset_path` and
 
 `convert_to_tflite(saved_model_dir)` converts those signatures to TFLite with
 built-in operators only (routing's loop becomes a TFLite `WHILE`).
+
+The graphs are traced with portable forms (`kernels="portable"`, see
+`capsnet_tf.kernels`): PrimaryCaps' convolution as a `Conv2D`, the routing
+of the whole batch in one loop, so an export made on a CPU runs on a GPU as
+one made there would. `kernels="this_machine"` keeps the forms fastest on
+the machine that exports (on CPUs: im2col and a matmul, inference routed in
+chunks), for serving on that kind of machine only.
 """
 
 import datetime
@@ -51,6 +58,7 @@ import numpy as np
 import tensorflow as tf
 
 import capsnet_tf
+from capsnet_tf.kernels import use_kernels
 
 __all__ = [
     "DATASET_CLASS_NAMES",
@@ -133,13 +141,15 @@ def _check(condition, message, *values):
     return tf.debugging.Assert(condition, [message, *values], summarize=8)
 
 
-def make_serving_module(model, class_names=None):
+def make_serving_module(model, class_names=None, kernels="portable"):
     """The `tf.Module`-like object that `export_saved_model` saves.
 
     Args:
         model: a `CapsNet` (its weights are used as they are) or its
             `inference_model()`.
         class_names: one name per class (default `"0"`, `"1"`, ...).
+        kernels: the forms the functions are traced with, one of
+            `capsnet_tf.kernels.KERNEL_SETS` (see the module docstring).
 
     Returns:
         `(module, signatures, info)`: a trackable object with the functions
@@ -297,13 +307,14 @@ def make_serving_module(model, class_names=None):
         )
         signatures["decode"] = module.decode
     module.predict = tf.function(predict, autograph=False)
-    concrete = [function.get_concrete_function() for function in signatures.values()]
-    for dtype in (tf.uint8, tf.float32):
-        concrete.append(module.predict.get_concrete_function(tf.TensorSpec(spec, dtype)))
-        if image_shape[-1] == 1:
-            concrete.append(
-                module.predict.get_concrete_function(tf.TensorSpec(spec[:-1], dtype))
-            )
+    with use_kernels(kernels):  # every trace happens here
+        concrete = [function.get_concrete_function() for function in signatures.values()]
+        for dtype in (tf.uint8, tf.float32):
+            concrete.append(module.predict.get_concrete_function(tf.TensorSpec(spec, dtype)))
+            if image_shape[-1] == 1:
+                concrete.append(
+                    module.predict.get_concrete_function(tf.TensorSpec(spec[:-1], dtype))
+                )
     # Track the variables the functions capture (not only Keras' wrappers), as
     # keras.export.ExportArchive does: TFLite's converter then freezes them.
     captured = {}
@@ -317,6 +328,7 @@ def make_serving_module(model, class_names=None):
         "capsule_dim": int(capsule_dim),
         "class_names": class_names,
         "has_decoder": has_decoder,
+        "kernels": kernels,
     }
     return module, signatures, info
 
@@ -504,6 +516,7 @@ def export_saved_model(
     tflite=False,
     verify=True,
     derived=None,
+    kernels="portable",
 ):
     """Writes the inference model as a SavedModel into `export_dir/<version>/`.
 
@@ -532,6 +545,10 @@ def export_saved_model(
             before it is published, to write files made from it there (the
             quantized TFLite and ONNX models of `capsnet_tf.deploy`); if it
             raises, nothing is published.
+        kernels: `"portable"` (default: runs on every device as an export
+            made there would), `"this_machine"` (the forms fastest on this
+            machine) or `"straight_line"` (portable, routing without loops);
+            see `capsnet_tf.kernels`.
 
     Returns:
         The path of the version directory.
@@ -561,7 +578,7 @@ def export_saved_model(
     export_dir = os.fspath(export_dir)
 
     inference = _inference_model(model)
-    module, signatures, info = make_serving_module(inference, class_names)
+    module, signatures, info = make_serving_module(inference, class_names, kernels)
     signature_docs, input_format = _describe(info)
     full_metadata = {
         "format": "capsnet_tf SavedModel",
@@ -573,6 +590,7 @@ def export_saved_model(
         "class_names": info["class_names"],
         "labels_file": f"assets/{LABELS_FILE}",
         "signatures": signature_docs,
+        "kernels": kernels,
         "version": version,
         "exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
             timespec="seconds"
@@ -600,7 +618,8 @@ def export_saved_model(
             module.metadata_file = tf.saved_model.Asset(os.path.join(sources, METADATA_FILE))
             module.readme_file = tf.saved_model.Asset(os.path.join(sources, README_FILE))
             saved = os.path.join(staging, "model")
-            tf.saved_model.save(module, saved, signatures=signatures)
+            with use_kernels(kernels):  # in case saving traces anything anew
+                tf.saved_model.save(module, saved, signatures=signatures)
         if verify:
             _verify(saved, inference, info)
         if tflite:

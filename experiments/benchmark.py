@@ -17,7 +17,9 @@ Sections (`--sections`):
   (model FLOPs / step time / ceiling rate) and each precision's speed-up over
   float32 in the same rounds.
 - `inference`: the model exported as a SavedModel (`capsnet_tf.export`),
-  its `serving_float` signature at `--inference_batch_size` against the
+  portable (the default export) and with this machine's kernels
+  (`kernels="this_machine"`), each one's `serving_float` signature at
+  `--inference_batch_size` against the
   forward-only ceiling at that batch and against the matmul rate; the
   in-process Keras inference model per precision; single-image latency of
   `serving_default` (median and p90 of `--latency_calls` calls).
@@ -185,16 +187,21 @@ def run_inference(results, models):
     matmuls, matmul_flops = benchmarking.matmul_ceilings()
     model = models.get("float32") or _build("float32")
     export_root = tempfile.mkdtemp(prefix="capsnet_benchmark_")
-    path = export_saved_model(model, export_root, verify=False)
-    loaded = tf.saved_model.load(path)
-    serving_float = loaded.signatures["serving_float"]
-    serving_uint8 = loaded.signatures["serving_default"]
+    # The default (portable) export, and one with this machine's forms (capsnet_tf.kernels).
+    loaded, serving = {}, {}
+    for version, (name, kernels) in enumerate(
+        (("saved_model", "portable"), ("saved_model_this_machine", "this_machine")), 1
+    ):
+        path = export_saved_model(model, export_root, version, verify=False, kernels=kernels)
+        loaded[name] = tf.saved_model.load(path)
+        serving[name] = loaded[name].signatures["serving_float"]
+    serving_uint8 = loaded["saved_model"].signatures["serving_default"]
     images, _ = _batch(batch, seed=1)
     images = images["image"]
     functions = {
         "forward_ceiling": forward_ceiling,
         **{f"matmul_{name}": function for name, function in matmuls.items()},
-        "saved_model": lambda: serving_float(images=images),
+        **{name: lambda s=signature: s(images=images) for name, signature in serving.items()},
     }
     for precision, keras_model in models.items():
         inference = keras_model.inference_model()
@@ -218,7 +225,7 @@ def run_inference(results, models):
         if name == "forward_ceiling" or name.startswith("matmul_"):
             continue
         # The SavedModel serves float32; a Keras model against its own precision's matmul.
-        precision = "float32" if name == "saved_model" else name.removeprefix("keras_")
+        precision = "float32" if name.startswith("saved_model") else name.removeprefix("keras_")
         matmul = times[_matmul_of(precision)]
         section[name] = {
             "images_per_second": benchmarking.summary([batch / t for t in times[name]]),
@@ -410,7 +417,9 @@ def markdown_table(results):
             lines.append(_row(f"{name} matmul (matmul-rate ceiling), GFLOP/s", entry))
         for name, entry in inference.items():
             if isinstance(entry, dict) and "images_per_second" in entry:
-                label = "SavedModel serving_float" if name == "saved_model" else name
+                label = {"saved_model": "SavedModel serving_float",
+                         "saved_model_this_machine": "SavedModel serving_float (this_machine "
+                         "kernels)"}.get(name, name)
                 lines.append(_row(f"inference {label}, batch {batch}, images/s",
                                   entry["images_per_second"]))
                 lines.append(_row(f"inference {label}, fraction of the forward ceiling",

@@ -15,7 +15,10 @@ capsules), `assets/labels.txt`, `assets/capsnet_metadata.json`,
 `assets/README.txt` and, with `--tflite`, `model.tflite`; with `--quantize`,
 `model_<mode>.tflite`; with `--onnx`, `model.onnx` (`capsnet_tf.deploy`, the
 `export` extra). An existing
-version is never replaced unless `--overwrite` is given. Serve it with
+version is never replaced unless `--overwrite` is given. The graphs use
+portable forms, which run on any device as an export made there would;
+`--kernels=this_machine` keeps the forms fastest on this machine instead
+(`capsnet_tf.kernels`; the quantized TFLite files are always portable). Serve it with
 
     tensorflow_model_server --model_name=capsnet --model_base_path=<export_dir>
 """
@@ -62,6 +65,12 @@ flags.register_validator(
 _CALIBRATION_EXAMPLES = flags.DEFINE_integer(
     "calibration_examples", 500, "Training images that calibrate --quantize=int8.",
     lower_bound=1,
+)
+_KERNELS = flags.DEFINE_enum(
+    "kernels", "portable", ["portable", "this_machine"],
+    "Forms the graphs are traced with: portable (PrimaryCaps as a Conv2D, the routing of the "
+    "whole batch in one loop; runs on any device as an export made there) or this_machine "
+    "(the forms fastest here, e.g. im2col and chunked routing on CPUs).",
 )
 _ONNX = flags.DEFINE_bool(
     "onnx", False, "Also write model.onnx (tf2onnx, serving_float signature). Needs the export "
@@ -139,6 +148,7 @@ def main(argv):
             metadata=source,
             tflite=_TFLITE.value,
             derived=derived if _QUANTIZE.value or _ONNX.value else None,
+            kernels=_KERNELS.value,
         )
     except (ExportExistsError, ValueError) as error:
         sys.exit(f"error: {error}")

@@ -86,6 +86,40 @@ def test_signatures_match_the_keras_model_for_any_batch_size(exported):
             assert outputs["reconstruction"].shape == (size, 28, 28, 1)
 
 
+def serving_ops(loaded, scope=""):
+    """The op types of `serving_float`'s graph and its functions, of nodes named with `scope`."""
+    graph = loaded.signatures["serving_float"].graph.as_graph_def()
+    nodes = [*graph.node, *(node for function in graph.library.function
+                            for node in function.node_def)]
+    return {node.op for node in nodes if scope in node.name}
+
+
+def test_export_has_portable_forms_unless_asked_for_this_machines(exported, tmp_path):
+    """PrimaryCaps stays a Conv2D and the batch is routed in one loop; both match Keras."""
+    from capsnet_tf.kernels import device_kind
+
+    model, inference, path, loaded = exported
+    assert load_metadata(path)["kernels"] == "portable"
+    primary = serving_ops(loaded, "primary_capsules")
+    assert "Conv2D" in primary and "GatherV2" not in primary
+    assert "While" not in serving_ops(loaded)  # no chunk loop (the routing's is stateless)
+    here = export_saved_model(model, str(tmp_path), kernels="this_machine")
+    assert load_metadata(here)["kernels"] == "this_machine"
+    here = tf.saved_model.load(here)
+    if device_kind() == "cpu":  # this CPU's forms: im2col and inference in chunks
+        assert "GatherV2" in serving_ops(here, "primary_capsules")
+        assert "While" in serving_ops(here)
+    pixels = uint8_images(5, seed=3)
+    expected = inference(pixels.astype("float32") / 255.0)
+    for exported_model in (loaded, here):
+        outputs = exported_model.signatures["serving_default"](images=tf.constant(pixels))
+        np.testing.assert_allclose(outputs["probabilities"], expected["length"], atol=1e-5)
+        np.testing.assert_allclose(outputs["capsules"], expected["capsules"], atol=1e-5)
+    with pytest.raises(ValueError, match="kernels"):
+        export_saved_model(model, str(tmp_path), version=2, kernels="fastest")
+    assert not os.path.exists(tmp_path / "2")
+
+
 def test_decode_masks_all_but_the_given_class(exported):
     model, _, _, loaded = exported
     pixels = uint8_images(4, seed=1)
@@ -358,6 +392,7 @@ def test_export_script_writes_a_servable_version_and_refuses_to_overwrite(tmp_pa
     assert metadata["class_names"] == DATASET_CLASS_NAMES["fashion_mnist"]
     assert metadata["source"]["workdir"] == os.path.abspath(workdir)
     assert metadata["source"]["checkpoint"] == "checkpoints/best.weights.h5"
+    assert metadata["kernels"] == "portable"  # unless --kernels=this_machine
     loaded = tf.saved_model.load(version)
     pixels = uint8_images(2)
     expected = model.inference_model()(pixels.astype("float32") / 255.0)["length"]
