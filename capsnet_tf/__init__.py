@@ -3,16 +3,13 @@
 Reference:
     Sabour, Frosst & Hinton, "Dynamic Routing Between Capsules", NIPS 2017,
     arXiv:1710.09829.
+
+Importing the package changes no environment variable. On CPUs without
+AVX-512 VNNI, AVX-512 BF16 or AMX (AVX2-only AMD EPYCs, most laptops)
+TensorFlow leaves its oneDNN kernels off unless `TF_ENABLE_ONEDNN_OPTS=1` is
+set before TensorFlow is first imported; the experiment scripts set it, and
+docs/layers.md shows a notebook how (docs/performance.md has the speed-up).
 """
-
-import os
-
-# TensorFlow turns oneDNN's CPU kernels on by itself only on CPUs with
-# AVX512_VNNI, AVX512_BF16 or AMX. On AVX2-only CPUs (AMD EPYC Zen 1-3, most
-# laptops) its default Eigen kernels run CapsNet's float32 training step about
-# 1.4x slower (docs/performance.md). This takes effect only where capsnet_tf is
-# imported before TensorFlow; TF_ENABLE_ONEDNN_OPTS=0 still turns them off.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 from capsnet_tf.ensemble import ensemble_scores, evaluate_ensemble
 from capsnet_tf.layers import CapsuleLayer, Length, Mask, PrimaryCapsule, dynamic_routing

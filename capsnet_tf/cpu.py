@@ -6,7 +6,7 @@ bfloat16 matmuls at two to three times the AVX-512 rate), AMD EPYC Zen 4
 (AVX-512 BF16, no AMX) and AMD EPYC Zen 1 and Zen 2 (AVX2 only: bfloat16 is
 converted to float32 for every product, so mixed bfloat16 is slower than
 float32).
-Layers that pick a form by CPU ask here, once.
+`capsnet_tf.kernels`, which picks the layers' forms, asks here; no layer does.
 """
 
 import functools
@@ -15,6 +15,7 @@ import os
 __all__ = [
     "MATMUL_INSTRUCTION_SETS", "accelerated", "bfloat16_unit", "choose_precision",
     "family_and_model", "has_amx", "instruction_sets", "model_name", "onednn_enabled",
+    "usable_cores",
 ]
 
 # The instruction sets that decide matmul and convolution speed, in the
@@ -93,10 +94,10 @@ def bfloat16_unit():
 def onednn_enabled():
     """Whether TensorFlow runs its oneDNN CPU kernels in this process.
 
-    TensorFlow decides once, when it starts, from `TF_ENABLE_ONEDNN_OPTS` and
-    the CPU (capsnet_tf sets the variable to 1 unless it is set; see
-    `capsnet_tf/__init__.py`). None where TensorFlow does not say (the
-    answer comes from a private module of TensorFlow 2.x).
+    TensorFlow decides once, when it is first imported, from
+    `TF_ENABLE_ONEDNN_OPTS` and the CPU (the experiment scripts set the
+    variable to 1 unless it is set; docs/layers.md). None where TensorFlow
+    does not say (the answer comes from a private module of TensorFlow 2.x).
     """
     try:
         from tensorflow.python.util import _pywrap_util_port
@@ -114,7 +115,11 @@ def usable_cores():
 
 
 def accelerated():
-    """Whether TensorFlow sees a GPU or a TPU, where the CPU's kernels are not the ones used."""
+    """Whether TensorFlow sees a GPU or a TPU, where the CPU's kernels are not the ones used.
+
+    The one place the library asks (`capsnet_tf.kernels.device_kind`, the
+    memory estimate, the precision warning).
+    """
     import tensorflow as tf
 
     return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))

@@ -52,6 +52,10 @@ from absl import app, flags
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))
 
+# oneDNN's CPU kernels on AVX2-only CPUs too, where TensorFlow leaves them off
+# (docs/performance.md). Read once, when TensorFlow is first imported; =0 keeps them off.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 from capsnet_tf import benchmarking, cpu  # noqa: E402
 from capsnet_tf.config import PRECISION_POLICIES as _POLICIES  # noqa: E402
 

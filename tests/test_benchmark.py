@@ -4,6 +4,7 @@ No test here asserts a time: the run checks that every section produces its
 numbers and that the derived ratios are the ones the raw times give.
 """
 
+import ast
 import json
 import os
 import platform
@@ -143,19 +144,44 @@ def test_instruction_sets_are_the_cpus_own_flags():
     assert cpu.family_and_model() == expected
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN's x86 CPU kernels")
-@pytest.mark.parametrize("setting, expected", [(None, "1 True"), ("0", "0 False")])
-def test_importing_capsnet_tf_first_turns_onednn_on_unless_told_not_to(setting, expected):
-    """TensorFlow leaves oneDNN off on AVX2-only CPUs; capsnet_tf turns it on, by default only."""
+def test_importing_capsnet_tf_changes_no_environment_variable():
+    """The package leaves os.environ alone; oneDNN is the scripts' business (docs/layers.md)."""
     env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
-    if setting is not None:
-        env["TF_ENABLE_ONEDNN_OPTS"] = setting
-    code = ("import os, capsnet_tf; from capsnet_tf import cpu; "
-            "print(os.environ['TF_ENABLE_ONEDNN_OPTS'], cpu.onednn_enabled())")
+    code = ("import os; before = dict(os.environ); import capsnet_tf, capsnet_tf.export; "
+            "print(dict(os.environ) == before, 'TF_ENABLE_ONEDNN_OPTS' in os.environ)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO_ROOT, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "True False"
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN's x86 CPU kernels")
+@pytest.mark.parametrize("setting, expected", [("1", "True"), ("0", "False")])
+def test_onednn_follows_the_variable_set_before_tensorflow(setting, expected):
+    """What the scripts set before TensorFlow loads is what `cpu.onednn_enabled` reports."""
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": setting}
+    code = "from capsnet_tf import cpu; print(cpu.onednn_enabled())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO_ROOT, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[-2] == expected
+
+
+@pytest.mark.parametrize("script", ["benchmark.py", "export.py", "serving_benchmark.py",
+                                    "visualize.py"])
+def test_scripts_ask_for_onednn_before_tensorflow_loads(script):
+    """The default is set at module level, above the first import that loads TensorFlow."""
+    tree = ast.parse(open(os.path.join(REPO_ROOT, "experiments", script)).read())
+    setting = loads = None
+    for node in tree.body:
+        text = ast.unparse(node)
+        if setting is None and 'setdefault("TF_ENABLE_ONEDNN_OPTS", "1")' in text.replace(
+                "'", '"'):
+            setting = node.lineno
+        if loads is None and isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                name in text for name in ("capsnet_tf", "tensorflow", "keras")):
+            loads = node.lineno
+    assert setting is not None and (loads is None or setting < loads)
 
 
 def test_unknown_section_is_refused(tmp_path):

@@ -41,7 +41,11 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import capsnet_tf  # noqa: E402, F401  (first: its TF_ENABLE_ONEDNN_OPTS default, before TensorFlow)
+# oneDNN's CPU kernels on AVX2-only CPUs too, where TensorFlow leaves them off
+# (docs/performance.md). Read once, when TensorFlow is first imported; =0 keeps them off.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+import capsnet_tf  # noqa: E402, F401
 
 GOAL = 0.85  # issue 17's fraction of the matmul rate
 
