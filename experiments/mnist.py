@@ -122,6 +122,11 @@ _QUIET = (
 )
 if _QUIET:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow turns its oneDNN CPU kernels on by itself only on CPUs with AVX-512
+# VNNI, AVX-512 BF16 or AMX; on AVX2-only CPUs they train CapsNet about 1.4x
+# faster (docs/performance.md). `import capsnet_tf` no longer asks for them, so
+# this script does, before TensorFlow loads; TF_ENABLE_ONEDNN_OPTS=0 still wins.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 from absl import app, flags, logging  # noqa: E402
 
