@@ -18,8 +18,10 @@ N at once.
 export directory, whose highest version is used, as `predict.py` takes it;
 `--workdir` a training run instead. Needs the explore extra
 (`pip install -e ".[explore]"`). A taken port, a wrong directory or a model
-that is not an MNIST CapsNet stop with one line and exit status 1. See
-docs/explorer.md.
+that is not an MNIST CapsNet stop with one line and exit status 1. A
+SavedModel is code: open only exports you trust. Bad requests get a 4xx
+answer with a JSON `{"error": ...}`; requests naming another host than
+--host (DNS rebinding) are refused. See docs/explorer.md.
 """
 
 import os
@@ -46,6 +48,11 @@ _HOST = flags.DEFINE_string(
 )
 _PORT = flags.DEFINE_integer(
     "port", 8000, "TCP port of the page.", lower_bound=1, upper_bound=65535
+)
+_ALLOWED_HOSTS = flags.DEFINE_list(
+    "allowed_hosts", [], "More host names the page is opened by (a DNS name of this "
+    "machine, for --host=0.0.0.0); requests naming any other host are refused, against DNS "
+    "rebinding. --host itself, localhost and 127.0.0.1 are always accepted."
 )
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "TFDS data directory holding MNIST, for the test digits (default: "
@@ -77,7 +84,8 @@ def main(argv):
         require("flask", "explore", "The capsule explorer")
         check_port(_HOST.value, _PORT.value)
         model = load_explorer_model(_MODEL.value, _WORKDIR.value, _CHECKPOINT.value)
-        page = create_app(model, TestDigits(_DATA_DIR.value))
+        page = create_app(model, TestDigits(_DATA_DIR.value), host=_HOST.value,
+                          allowed_hosts=_ALLOWED_HOSTS.value)
     except (PortInUseError, ModelError, MissingDependencyError) as error:
         sys.exit(f"error: {error}")
     if model.couplings_note:

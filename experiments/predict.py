@@ -11,8 +11,10 @@ where the probability is the length of the predicted class's capsule. With
 `--reconstruction_dir` the decoder's reconstruction of every image is written
 there as a PNG (`<file stem>_reconstruction.png`).
 
-Inputs: PNG, JPEG (or any image PIL reads) of exactly the model's size, 28x28
-for MNIST, or of any size with `--resize` (as a run with `--image_size`
+Inputs: PNG, JPEG, BMP, GIF, TIFF, WebP or PPM images (recognised by their
+content, not their name; no other format Pillow knows, so an EPS never
+reaches Ghostscript) of exactly the model's size, 28x28 for MNIST, or of any
+size up to 50 megapixels with `--resize` (as a run with `--image_size`
 resized its training images); colour images are converted to grayscale
 (ITU-R 601-2 luma) for a grayscale model, grayscale ones to RGB for a colour
 model. The class names printed are the export's `assets/labels.txt`: an
@@ -23,11 +25,22 @@ float in [0, 1]. MNIST digits are white on black.
 
 `--model` is a version directory (`<export_dir>/1`) or the export directory
 itself, whose highest version is used. Only TensorFlow, NumPy and PIL are
-needed: the SavedModel runs without capsnet_tf.
+needed: the SavedModel runs without capsnet_tf. A SavedModel is a program:
+load only exports you trust.
+
+A file or model that cannot be used stops the script with one line,
+`error: <file>: <the problem>`, and exit status 1: an image's size is read
+from its header and a `.npy` array's shape and dtype from its header before
+anything is decoded or loaded, and with an export's recorded input shape
+(`assets/capsnet_metadata.json`) every file is checked before TensorFlow is
+imported.
 """
 
+import json
+import math
 import os
 import sys
+import warnings
 
 from absl import app, flags
 
@@ -47,8 +60,16 @@ _BATCH_SIZE = flags.DEFINE_integer(
 )
 
 
+# The image formats read: those a digit is kept in. Not all that Pillow can
+# open: EPS and PDF would hand the file to Ghostscript.
+IMAGE_FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP", "PPM")
+# The most pixels read from one image (with --resize; without it an image must
+# have the model's size): a 50-megapixel photograph.
+MAX_IMAGE_PIXELS = 50_000_000
+
+
 class InputError(ValueError):
-    """An input file that cannot be classified; the message names the file."""
+    """An input file or model that cannot be used; the message names it."""
 
 
 def resolve_model_dir(path):
@@ -88,6 +109,10 @@ def _expected(image_shape):
 def load_images(path, image_shape, resize=False):
     """Reads one image file (PNG, JPEG, ...) or `.npy` file.
 
+    Nothing is decoded or loaded before its size is known to fit: an image's
+    size comes from its header, a `.npy` array's shape and dtype from its
+    header.
+
     `resize`: an image of another size is resized to `image_shape` (bilinear).
 
     Returns:
@@ -98,57 +123,110 @@ def load_images(path, image_shape, resize=False):
     Raises:
         InputError: unreadable file, wrong size, or values out of range.
     """
-    import numpy as np
-
-    height, width, channels = image_shape
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")
     if path.lower().endswith(".npy"):
-        try:
-            array = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as error:
-            raise InputError(f"{path}: not a readable .npy array ({error})") from None
-        shape = array.shape
-        if shape[-2:] == (height, width) and channels == 1 and array.ndim in (2, 3):
-            batched = array.ndim == 3
-            array = array.reshape((-1, height, width, 1))
-        elif shape[-3:] == (height, width, channels) and array.ndim in (3, 4):
-            batched = array.ndim == 4
-            array = array.reshape((-1, height, width, channels))
-        else:
-            raise InputError(f"{path}: array of shape {list(shape)}; {_expected(image_shape)}")
-        if array.dtype.kind in "biu":
-            if array.size and (array.min() < 0 or array.max() > 255):
-                raise InputError(f"{path}: integer values must be in [0, 255]")
-            return array.astype("float32") / 255.0, batched
-        if array.dtype.kind != "f":
-            raise InputError(f"{path}: unsupported dtype {array.dtype}; use uint8 or float")
-        if array.size and not (np.all(array >= 0.0) and np.all(array <= 1.0)):
-            raise InputError(
-                f"{path}: float values must be in [0, 1] (found "
-                f"[{np.nanmin(array):g}, {np.nanmax(array):g}]); save uint8 for 0-255 pixels"
-            )
-        return array.astype("float32"), batched
+        return _load_npy(path, image_shape)
+    return _load_image(path, image_shape, resize), False
+
+
+def _load_npy(path, image_shape):
+    """`(images, batched)` of a `.npy` file; its header is checked before its data is read."""
+    import numpy as np
+
+    height, width, channels = image_shape
+    try:
+        with open(path, "rb") as file:
+            version = np.lib.format.read_magic(file)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read_header(file)
+            data_bytes = os.fstat(file.fileno()).st_size - file.tell()
+    except (OSError, ValueError, SyntaxError, TypeError) as error:
+        raise InputError(f"{path}: not a readable .npy array ({_one_line(error)})") from None
+    if dtype.kind not in "biuf":
+        raise InputError(f"{path}: unsupported dtype {dtype}; use uint8 or float")
+    if shape[-2:] == (height, width) and channels == 1 and len(shape) in (2, 3):
+        batched = len(shape) == 3
+        target = (-1, height, width, 1)
+    elif shape[-3:] == (height, width, channels) and len(shape) in (3, 4):
+        batched = len(shape) == 4
+        target = (-1, height, width, channels)
+    else:
+        raise InputError(f"{path}: array of shape {list(shape)}; {_expected(image_shape)}")
+    expected_bytes = math.prod(shape) * dtype.itemsize
+    if data_bytes != expected_bytes:  # before NumPy allocates what the header claims
+        raise InputError(
+            f"{path}: its header describes {expected_bytes:,} bytes of {dtype} {list(shape)}, "
+            f"but the file holds {data_bytes:,}: a damaged or incomplete .npy file"
+        )
+    try:
+        array = np.load(path, allow_pickle=False).reshape(target)
+    except (OSError, ValueError, EOFError) as error:  # e.g. the data is cut short
+        raise InputError(f"{path}: not a readable .npy array ({_one_line(error)})") from None
+    if array.dtype.kind in "biu":
+        if array.size and (array.min() < 0 or array.max() > 255):
+            raise InputError(f"{path}: integer values must be in [0, 255]")
+        return array.astype("float32") / 255.0, batched
+    if array.size and not (np.all(array >= 0.0) and np.all(array <= 1.0)):
+        raise InputError(
+            f"{path}: float values must be in [0, 1] (found "
+            f"[{np.nanmin(array):g}, {np.nanmax(array):g}]); save uint8 for 0-255 pixels"
+        )
+    return array.astype("float32"), batched
+
+
+def _load_image(path, image_shape, resize):
+    """float32 `[1, H, W, C]` of an image file; its size is checked before it is decoded."""
+    import numpy as np
     from PIL import Image, UnidentifiedImageError
 
+    height, width, channels = image_shape
+    mode = "L" if channels == 1 else "RGB"
+    # Pillow checks an image's size against this when it reads the header;
+    # above it, its warning is raised as an error here.
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
     try:
-        with Image.open(path) as image:
-            image.load()
-            size, mode = image.size, image.mode
-            if size != (width, height) and resize:
-                image = image.convert("L" if channels == 1 else "RGB").resize(
-                    (width, height), Image.Resampling.BILINEAR
-                )
-            elif size != (width, height):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(path, formats=IMAGE_FORMATS)
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
+        raise InputError(f"{path}: more than {MAX_IMAGE_PIXELS:,} pixels, too large to read "
+                         f"(Pillow: {error})") from None
+    except UnidentifiedImageError:
+        raise InputError(
+            f"{path}: not an image in a format predict.py reads ({', '.join(IMAGE_FORMATS)}) "
+            "nor a .npy array"
+        ) from None
+    except Exception as error:  # a damaged header: Pillow's OSError, SyntaxError, ValueError
+        raise InputError(f"{path}: not a readable image ({_one_line(error)})") from None
+    try:
+        with image:
+            size = image.size  # from the header: nothing is decoded yet
+            if size != (width, height) and not resize:
                 raise InputError(
-                    f"{path}: image is {size[0]}x{size[1]} ({mode}); {_expected(image_shape)} "
-                    "(or pass --resize)"
+                    f"{path}: image is {size[0]}x{size[1]} ({image.mode}); "
+                    f"{_expected(image_shape)} (or pass --resize)"
                 )
-            image = image.convert("L" if channels == 1 else "RGB")
+            image.draft(mode, (width, height))  # a JPEG decodes at a reduced scale
+            image = image.convert(mode)  # decodes
+            if image.size != (width, height):
+                image = image.resize((width, height), Image.Resampling.BILINEAR)
             array = np.asarray(image, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError) as error:
-        raise InputError(f"{path}: not a readable image ({error})") from None
-    return array.reshape((1, height, width, channels)).astype("float32") / 255.0, False
+    except InputError:
+        raise
+    except Exception as error:  # any failure to decode is the file's
+        # Pillow reports damaged pixel data as OSError, SyntaxError,
+        # ValueError, EOFError or zlib.error, depending on where it is.
+        raise InputError(f"{path}: not a readable image ({_one_line(error)})") from None
+    return array.reshape((1, height, width, channels)).astype("float32") / 255.0
+
+
+def _one_line(error, limit=300):
+    """`Type: message` of an exception, on one line of at most `limit` characters."""
+    text = " ".join(str(error).split()) or "no details"
+    text = f"{type(error).__name__}: {text}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def write_png(path, image):
@@ -162,42 +240,137 @@ def write_png(path, image):
     Image.fromarray(pixels).save(path)
 
 
+def write_reconstructions(directory, names, reconstructions):
+    """Writes each reconstruction as `<file stem>[_<index>]_reconstruction.png`."""
+    os.makedirs(directory, exist_ok=True)
+    used = set()
+    for name, reconstruction in zip(names, reconstructions):
+        stem = os.path.splitext(os.path.basename(name.split("[")[0]))[0]
+        if "[" in name:
+            stem += "_" + name.rsplit("[", 1)[1].rstrip("]")
+        filename, counter = f"{stem}_reconstruction.png", 1
+        while filename in used:
+            counter += 1
+            filename = f"{stem}_{counter}_reconstruction.png"
+        used.add(filename)
+        write_png(os.path.join(directory, filename), reconstruction)
+
+
+def load_all(paths, image_shape, resize):
+    """`(names, images [n, H, W, C])` of every file, in order (`load_images`)."""
+    import numpy as np
+
+    names, batches = [], []
+    for path in paths:
+        images, batched = load_images(path, image_shape, resize)
+        batches.append(images)
+        if batched:
+            names += [f"{path}[{index}]" for index in range(len(images))]
+        else:
+            names.append(path)
+    return names, np.concatenate(batches, axis=0)
+
+
+def metadata_image_shape(model_dir):
+    """The input shape `(H, W, C)` that a capsnet_tf export records, or None.
+
+    Read from `assets/capsnet_metadata.json` without TensorFlow; `load_model`
+    checks it against the signature.
+    """
+    try:
+        with open(os.path.join(model_dir, "assets", "capsnet_metadata.json")) as file:
+            shape = json.load(file).get("image_shape")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(shape, list) and len(shape) == 3 and all(
+        type(size) is int and size > 0 for size in shape
+    ):
+        return tuple(shape)
+    return None
+
+
+def load_model(model_dir):
+    """`(serving_float signature, image shape (H, W, C), class names or None)` of an export.
+
+    Raises:
+        InputError: the directory does not load as a SavedModel, or it is not
+            a capsnet_tf export (no `serving_float` signature taking `images`
+            and giving `probabilities` and `class_ids`), or its
+            `assets/labels.txt` does not name one class per output.
+    """
+    import tensorflow as tf
+
+    try:
+        loaded = tf.saved_model.load(model_dir)
+    except Exception as error:  # a damaged directory fails in TensorFlow's or protobuf's ways
+        raise InputError(f"--model={model_dir}: cannot load the SavedModel ({_one_line(error)})")
+    signatures = dict(loaded.signatures)
+    signature = signatures.get("serving_float")
+    if signature is None:
+        raise InputError(
+            f"--model={model_dir} has no 'serving_float' signature (it has {sorted(signatures)}): "
+            "not a capsnet_tf export; export one with experiments/export.py"
+        )
+    images = signature.structured_input_signature[1].get("images")
+    outputs = signature.structured_outputs
+    if images is None or images.shape.rank != 4 or not {"probabilities", "class_ids"} <= set(
+        outputs
+    ):
+        raise InputError(
+            f"--model={model_dir}: its 'serving_float' signature does not take 'images' "
+            "[batch, H, W, C] and give 'probabilities' and 'class_ids': not a capsnet_tf export"
+        )
+    image_shape = tuple(images.shape[1:])
+    num_classes = outputs["probabilities"].shape[-1]
+    labels_path = os.path.join(model_dir, "assets", "labels.txt")
+    class_names = None
+    if os.path.exists(labels_path):
+        try:
+            with open(labels_path, encoding="utf-8") as file:
+                class_names = file.read().splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise InputError(f"{labels_path}: not readable ({_one_line(error)})")
+        if num_classes is not None and len(class_names) != num_classes:
+            raise InputError(
+                f"{labels_path} names {len(class_names)} classes, but the model has "
+                f"{num_classes}: the file does not belong to this export"
+            )
+    return signature, image_shape, class_names
+
+
 def main(argv):
     paths = argv[1:]
     if not paths:
         raise app.UsageError("Give one or more image files (PNG, JPEG or .npy) to classify.")
     import numpy as np
-    import tensorflow as tf
 
     try:
         model_dir = resolve_model_dir(_MODEL.value)
-    except InputError as error:
-        sys.exit(f"error: {error}")
-    loaded = tf.saved_model.load(model_dir)
-    signature = loaded.signatures["serving_float"]
-    image_shape = tuple(signature.structured_input_signature[1]["images"].shape[1:])
-    labels_path = os.path.join(model_dir, "assets", "labels.txt")
-    class_names = None
-    if os.path.exists(labels_path):
-        with open(labels_path) as file:
-            class_names = file.read().splitlines()
+        # With the export's recorded input shape the files are read before
+        # TensorFlow is imported: a bad file is reported at once, in one line.
+        recorded_shape = metadata_image_shape(model_dir)
+        if recorded_shape is not None:
+            names, images = load_all(paths, recorded_shape, _RESIZE.value)
+        import tensorflow as tf
 
-    names, batches = [], []
-    try:
-        for path in paths:
-            images, batched = load_images(path, image_shape, _RESIZE.value)
-            batches.append(images)
-            if batched:
-                names += [f"{path}[{index}]" for index in range(len(images))]
-            else:
-                names.append(path)
+        signature, image_shape, class_names = load_model(model_dir)
+        if recorded_shape is None:
+            names, images = load_all(paths, image_shape, _RESIZE.value)
+        elif recorded_shape != image_shape:
+            raise InputError(
+                f"--model={model_dir}: assets/capsnet_metadata.json records images of shape "
+                f"{list(recorded_shape)}, but the model takes {list(image_shape)}: the "
+                "metadata does not belong to this export"
+            )
     except InputError as error:
         sys.exit(f"error: {error}")
-    images = np.concatenate(batches, axis=0)
 
     outputs = {"probabilities": [], "class_ids": [], "reconstruction": []}
     for start in range(0, len(images), _BATCH_SIZE.value):
-        result = signature(images=tf.constant(images[start:start + _BATCH_SIZE.value]))
+        try:
+            result = signature(images=tf.constant(images[start:start + _BATCH_SIZE.value]))
+        except (tf.errors.OpError, ValueError, TypeError) as error:
+            sys.exit(f"error: --model={model_dir} failed on the images ({_one_line(error)})")
         for key in outputs:
             if key in result:
                 outputs[key].append(result[key].numpy())
@@ -210,19 +383,12 @@ def main(argv):
     if _RECONSTRUCTION_DIR.value:
         if not outputs["reconstruction"]:
             sys.exit("error: this model has no decoder, so there are no reconstructions")
-        os.makedirs(_RECONSTRUCTION_DIR.value, exist_ok=True)
-        reconstructions = np.concatenate(outputs["reconstruction"])
-        used = set()
-        for name, reconstruction in zip(names, reconstructions):
-            stem = os.path.splitext(os.path.basename(name.split("[")[0]))[0]
-            if "[" in name:
-                stem += "_" + name.rsplit("[", 1)[1].rstrip("]")
-            filename, counter = f"{stem}_reconstruction.png", 1
-            while filename in used:
-                counter += 1
-                filename = f"{stem}_{counter}_reconstruction.png"
-            used.add(filename)
-            write_png(os.path.join(_RECONSTRUCTION_DIR.value, filename), reconstruction)
+        try:
+            write_reconstructions(_RECONSTRUCTION_DIR.value, names,
+                                  np.concatenate(outputs["reconstruction"]))
+        except OSError as error:
+            sys.exit(f"error: --reconstruction_dir={_RECONSTRUCTION_DIR.value}: "
+                     f"{_one_line(error)}")
         print(f"Wrote {len(names)} reconstruction(s) to {_RECONSTRUCTION_DIR.value}")
 
 

@@ -261,7 +261,11 @@ def _from_saved_model(path):
     num_classes, capsule_dim = (int(size) for size in capsules_spec.shape[1:])
     metadata = _read_metadata(path)
     source_info = metadata.get("source") or {}
+    if not isinstance(source_info, dict):
+        source_info = {}
     class_names = metadata.get("class_names") or _read_labels(path)
+    if class_names is not None:
+        _check_class_names(f"--model={path}", class_names, num_classes)
     _check_mnist(f"--model={path}", image_shape, num_classes, source_info.get("dataset"),
                  class_names)
     if "decode" not in signatures:
@@ -285,13 +289,34 @@ def _from_saved_model(path):
                          couplings_note=note)
 
 
+def _check_class_names(where, class_names, num_classes):
+    """Refuses class names that are not one string per class capsule.
+
+    The names come from the export's files (`assets/capsnet_metadata.json`
+    or `assets/labels.txt`); the page shows them as text and indexes them
+    by class, so a list of another length would fail on the first request.
+    """
+    if not isinstance(class_names, list) or not all(
+        isinstance(name, str) for name in class_names
+    ):
+        raise ModelError(f"{where}: its class names are not a list of strings "
+                         f"(assets/capsnet_metadata.json).")
+    if len(class_names) != num_classes:
+        raise ModelError(
+            f"{where} names {len(class_names)} classes but has {num_classes} class capsules: "
+            "its metadata (assets/capsnet_metadata.json, assets/labels.txt) does not belong "
+            "to this model; export it again with experiments/export.py."
+        )
+
+
 def _read_metadata(path):
     from capsnet_tf.export import load_metadata
 
     try:
-        return load_metadata(path)
+        metadata = load_metadata(path)
     except (OSError, ValueError):
         return {}
+    return metadata if isinstance(metadata, dict) else {}
 
 
 def _read_labels(path):

@@ -12,15 +12,26 @@ MNIST has never seen a digit that fills the frame or sits in a corner.
 import base64
 import binascii
 import io
+import struct
 
 import numpy as np
 
-__all__ = ["DrawingError", "image_from_data_url", "prepare_digit"]
+__all__ = ["DrawingError", "MAX_PIXELS", "MAX_SIDE", "image_from_data_url", "png_size",
+           "prepare_digit"]
 
 # MNIST's geometry: the digit's longer side is scaled to BOX pixels inside a
 # SIZE x SIZE field.
 SIZE = 28
 BOX = 20
+# The largest drawing read: the page's canvas is 280x280; a script may send a
+# larger one, up to 1024 pixels a side and a million pixels.
+MAX_SIDE = 1024
+MAX_PIXELS = 1024 * 1024
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# The chunks that make a PNG's pixels; a canvas's PNG holds no others.
+_IMAGE_CHUNKS = (b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND")
+# A browser writes a few IDAT chunks; a 1 MiB body of empty chunks would be 87,000.
+MAX_PNG_CHUNKS = 4096
 
 
 class DrawingError(ValueError):
@@ -100,27 +111,89 @@ def prepare_digit(image, size=SIZE, box=BOX, threshold=0.0):
     return output
 
 
-def image_from_data_url(data_url, max_side=2048):
+def png_size(data):
+    """`(width, height)` from a PNG's header, before anything is decoded.
+
+    Raises:
+        DrawingError: `data` does not start with the PNG signature and an
+            IHDR chunk (whatever its label said, it is not a PNG).
+    """
+    if not data.startswith(PNG_SIGNATURE):
+        raise DrawingError("The drawing is not a PNG (its first bytes are not PNG's signature).")
+    if len(data) < 33 or data[12:16] != b"IHDR" or data[8:12] != b"\x00\x00\x00\x0d":
+        raise DrawingError("The drawing's PNG header (IHDR) is missing or damaged.")
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def _essential_png(data, max_chunks=MAX_PNG_CHUNKS):
+    """The PNG `data` rebuilt from its image chunks only (IHDR, PLTE, tRNS, IDAT, IEND).
+
+    A canvas's PNG holds nothing else. Text, colour profiles and animation
+    chunks are dropped unread: compressed text and profiles are further
+    inflation work that no pixel needs. The chunks kept are copied as they
+    are, checksums included.
+
+    Raises:
+        DrawingError: a chunk runs past the end of the data, there are more
+            than `max_chunks`, there is no IEND, or a critical chunk (upper
+            case first letter) is not one of PNG's own.
+    """
+    kept, position = [PNG_SIGNATURE], len(PNG_SIGNATURE)
+    for _ in range(max_chunks):
+        if position + 12 > len(data):
+            raise DrawingError("The drawing's PNG is truncated (it ends inside a chunk header).")
+        (length,) = struct.unpack(">I", data[position:position + 4])
+        kind = data[position + 4:position + 8]
+        end = position + 12 + length
+        if end > len(data):
+            raise DrawingError(f"The drawing's PNG is truncated (its {_name(kind)} chunk is cut "
+                               "off).")
+        if kind in _IMAGE_CHUNKS:
+            kept.append(data[position:end])
+        elif not kind[:1].islower():  # critical: a decoder must understand it
+            raise DrawingError(f"The drawing's PNG has an unknown critical chunk {_name(kind)}.")
+        position = end
+        if kind == b"IEND":
+            return b"".join(kept)
+    raise DrawingError(f"The drawing's PNG has more than {max_chunks} chunks.")
+
+
+def _name(kind):
+    """A chunk type for a message: `'IDAT'`, not `b'IDAT'`."""
+    return repr(kind.decode("latin-1"))
+
+
+def image_from_data_url(data_url, max_side=MAX_SIDE, max_pixels=MAX_PIXELS):
     """The grayscale pixels of a PNG `data:` URL (what `canvas.toDataURL()` gives).
 
-    Transparent pixels count as black, so a canvas whose background was never
-    painted reads as a white-on-black drawing.
+    Only a PNG is read, recognised by its signature (not by the URL's
+    label), so no other Pillow decoder (Ghostscript for EPS, ...) ever sees
+    a request. Its size is read from the header and checked before any pixel
+    is decoded; only the image chunks reach the decoder (`_essential_png`),
+    and Pillow's own decompression-bomb limit applies on top. Transparent
+    pixels count as black, so a canvas whose background was never painted
+    reads as a white-on-black drawing. The pixels are decoded once and kept
+    as bytes (RGBA, then Pillow's ITU-R 601-2 luma times alpha) until the
+    float32 result: a 1024x1024 drawing takes about 14 MiB at its peak.
 
     Args:
-        data_url: `"data:image/png;base64,..."` (any image type PIL reads).
+        data_url: `"data:image/png;base64,..."`.
         max_side: larger images are refused (a browser canvas is a few
-            hundred pixels).
+            hundred pixels; the page's is 280).
+        max_pixels: so are images with more pixels than this.
 
     Returns:
         float32 `[H, W]` in [0, 1].
 
     Raises:
-        DrawingError: not a base64 `data:` URL, not an image, or too large.
+        DrawingError: not a base64 `data:` URL, not a PNG, too large, or a
+            PNG that does not decode; the message says which.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, ImageChops, UnidentifiedImageError
 
     if not isinstance(data_url, str) or not data_url.startswith("data:image/"):
-        raise DrawingError("Expected a data:image/...;base64 URL of the drawing.")
+        raise DrawingError("Expected a data:image/png;base64 URL of the drawing.")
     header, _, payload = data_url.partition(",")
     if not header.endswith(";base64"):
         raise DrawingError("Expected a base64 data URL (data:image/png;base64,...).")
@@ -128,17 +201,29 @@ def image_from_data_url(data_url, max_side=2048):
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise DrawingError("The drawing's data URL is not valid base64.")
+    width, height = png_size(raw)
+    if not width * height:
+        raise DrawingError(f"The drawing is {width}x{height} pixels: an empty image.")
+    if max(width, height) > max_side or width * height > max_pixels:
+        raise DrawingError(
+            f"The drawing is {width}x{height} pixels; at most {max_side} pixels a side and "
+            f"{max_pixels:,} pixels in all are accepted."
+        )
     try:
-        with Image.open(io.BytesIO(raw)) as picture:
-            if max(picture.size) > max_side:
-                raise DrawingError(
-                    f"The drawing is {picture.size[0]}x{picture.size[1]} pixels; at most "
-                    f"{max_side} pixels a side are accepted."
-                )
-            picture = picture.convert("RGBA")
-            rgba = np.asarray(picture, "float32") / 255.0
-    except (UnidentifiedImageError, OSError) as error:
-        raise DrawingError(f"The drawing is not a readable image ({error}).")
-    # ITU-R 601-2 luma, as PIL's "L" conversion, over a black background.
-    luma = rgba[..., 0] * 0.299 + rgba[..., 1] * 0.587 + rgba[..., 2] * 0.114
-    return (luma * rgba[..., 3]).astype("float32")
+        with Image.open(io.BytesIO(_essential_png(raw)), formats=["PNG"]) as picture:
+            picture.load()
+            luma, alpha = picture.convert("RGBA").convert("LA").split()
+    except DrawingError:  # from _essential_png
+        raise
+    except UnidentifiedImageError:  # its message names a BytesIO object, not the problem
+        raise DrawingError("The drawing is not a readable PNG (a damaged or unsupported header).")
+    except Exception as error:  # any failure to decode is the file's
+        # Pillow reports broken files as OSError, SyntaxError, ValueError,
+        # EOFError, zlib.error or DecompressionBombError, depending on where
+        # the damage is; each is a file that cannot be drawn.
+        raise DrawingError(
+            f"The drawing is not a readable PNG ({type(error).__name__}: {error})."
+        )
+    # Over a black background: luma * alpha / 255, rounded, as one byte a pixel.
+    ink = ImageChops.multiply(luma, alpha)
+    return np.asarray(ink, "float32") / np.float32(255.0)

@@ -159,6 +159,17 @@ async function loadTestDigit(index) {
 }
 
 // ---- capsule lengths ---------------------------------------------------------
+const SVG = "http://www.w3.org/2000/svg";
+
+// An element with attributes and text; text goes in as text, never as markup
+// (class names come from the export's files).
+function element(tag, attributes, text, namespace) {
+  const node = namespace ? document.createElementNS(namespace, tag) : document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, String(value));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
 function drawBars() {
   const svg = $("bars");
   const lengths = state.result.lengths;
@@ -171,14 +182,17 @@ function drawBars() {
     if (k === state.result.class_id) classes.push("winner");
     if (k === state.shown) classes.push("shown");
     const x = k * step + 5;
-    parts.push(`<rect id="bar-${k}" class="${classes.join(" ")}" x="${x}" width="${step - 10}"`
-      + ` y="${bottom - height}" height="${Math.max(height, 0.5)}" data-length="${length}">`
-      + `<title>class ${names[k]}: length ${length.toFixed(4)}</title></rect>`);
-    parts.push(`<text x="${x + (step - 10) / 2}" y="${bottom - height - 4}">`
-      + `${length.toFixed(2)}</text>`);
-    parts.push(`<text x="${x + (step - 10) / 2}" y="${bottom + 14}">${names[k]}</text>`);
+    const bar = element("rect", {
+      id: `bar-${k}`, class: classes.join(" "), x, width: step - 10, y: bottom - height,
+      height: Math.max(height, 0.5), "data-length": length,
+    }, undefined, SVG);
+    bar.appendChild(element("title", {}, `class ${names[k]}: length ${length.toFixed(4)}`, SVG));
+    parts.push(bar);
+    const middle = x + (step - 10) / 2;
+    parts.push(element("text", { x: middle, y: bottom - height - 4 }, length.toFixed(2), SVG));
+    parts.push(element("text", { x: middle, y: bottom + 14 }, names[k], SVG));
   });
-  svg.innerHTML = parts.join("");
+  svg.replaceChildren(...parts);
 }
 
 // ---- reconstruction and sliders ----------------------------------------------
@@ -192,13 +206,14 @@ function buildSliders() {
   const range = state.info.slider_range;
   state.deltas = new Array(state.info.capsule_dim).fill(0);
   for (let d = 0; d < state.info.capsule_dim; d++) {
-    const row = document.createElement("label");
-    row.className = "slider";
-    row.innerHTML = `<span class="name">d${d + 1}</span>`
-      + `<input type="range" id="dim-${d}" min="${-range}" max="${range}" step="0.01"`
-      + ` value="0" disabled><span class="value" id="dim-${d}-value">+0.00</span>`;
+    const slider = element("input", {
+      type: "range", id: `dim-${d}`, min: -range, max: range, step: 0.01, value: 0,
+    });
+    slider.disabled = true;
+    const row = element("label", { class: "slider" });
+    row.append(element("span", { class: "name" }, `d${d + 1}`), slider,
+      element("span", { class: "value", id: `dim-${d}-value` }, "+0.00"));
     box.appendChild(row);
-    const slider = row.querySelector("input");
     slider.addEventListener("input", () => {
       state.deltas[d] = Number(slider.value);
       $(`dim-${d}-value`).textContent = (state.deltas[d] >= 0 ? "+" : "")
@@ -277,10 +292,9 @@ function buildRouting() {
     return;
   }
   for (let i = 0; i < state.info.routing_iterations; i++) {
-    const cell = document.createElement("div");
-    cell.className = "iteration";
-    cell.innerHTML = `<canvas id="routing-${i}" width="6" height="6"></canvas>`
-      + `iteration ${i + 1}<br><span id="routing-${i}-max"></span>`;
+    const cell = element("div", { class: "iteration" });
+    cell.append(element("canvas", { id: `routing-${i}`, width: 6, height: 6 }),
+      `iteration ${i + 1}`, element("br", {}), element("span", { id: `routing-${i}-max` }));
     box.appendChild(cell);
   }
 }
