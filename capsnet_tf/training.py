@@ -398,7 +398,7 @@ def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=F
         keras.callbacks.TensorBoard(os.path.join(workdir, "logs"), update_freq="epoch"),
     ]
     if config.reconstruction and config.model == "capsnet":
-        from capsnet_tf.figures.arrays import load_test_images
+        from capsnet_tf.data.samples import load_test_images
 
         sample_images, sample_labels = load_test_images(
             config.dataset,

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from capsnet_tf.figures.arrays import reconstruction_mosaic, two_colour
+from capsnet_tf.mosaics import reconstruction_mosaic, two_colour
 
 __all__ = ["ReconstructionImages"]
 

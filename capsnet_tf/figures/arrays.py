@@ -2,7 +2,9 @@
 routing couplings, confusion matrices, logs, learning rates and mosaics.
 
 The model may be a training `CapsNet` or a loaded SavedModel export; both
-are read through the same small adapter.
+are read through the same small adapter. The test images come from
+`capsnet_tf.data.samples` and the mosaics from `capsnet_tf.mosaics`; they
+are imported here too, where notebooks found them before.
 """
 
 import csv
@@ -12,7 +14,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from capsnet_tf.data.samples import load_test_images
 from capsnet_tf.figures.style import PERTURBATION_VALUES
+from capsnet_tf.mosaics import reconstruction_mosaic, two_colour
 from capsnet_tf.schedules import make_schedule
 
 __all__ = [
@@ -26,92 +30,6 @@ __all__ = [
     "routing_couplings",
     "two_colour",
 ]
-
-
-def load_test_images(
-    dataset="mnist",
-    num_examples=None,
-    data_dir=None,
-    seed=0,
-    test_pairs_per_image=1,
-    affnist_path=None,
-    shift=None,
-    **image_source,
-):
-    """The first test images of a data set, as numpy arrays.
-
-    Args:
-        dataset: a name of `capsnet_tf.data.registry.DATASETS`: the TFDS
-            test split of `"mnist"` / `"fashion_mnist"`, or the generated
-            test sets of `"multi_mnist"`, `"expanded_mnist"`, `"affnist"`
-            (fixed by `seed`), or the preprocessed `"cifar10"` /
-            `"smallnorb"` test images.
-        num_examples: how many (None: the whole test split).
-        data_dir: TFDS data directory (see `capsnet_tf.data.resolve_data_dir`).
-        seed: seed of generated test sets (the run's `--seed`).
-        test_pairs_per_image: `multi_mnist` test set size.
-        affnist_path: real affNIST data for `"affnist"`.
-        shift: the run's `--shift` (sets the MultiMNIST canvas and the
-            expanded-MNIST test translation; None: the pipeline's default).
-        **image_source: `image_folder`, `image_size`, `test_fraction` of a
-            run on an image folder (`dataset="image_folder"`) or on another
-            TFDS data set (see `capsnet_tf.data.registry.load_experiment_data`).
-
-    Returns:
-        `(images, labels)`: float32 `[n, H, W, C]` (in [0, 1] for the MNIST
-        family) and int32 `[n]` (`[n, 2]` for `multi_mnist`).
-
-    Raises:
-        capsnet_tf.data.DatasetNotFoundError: the data set is not prepared.
-    """
-    from capsnet_tf.data.pipeline import load_tfds_split
-
-    if dataset not in ("mnist", "fashion_mnist"):
-        from capsnet_tf.data.registry import load_experiment_data
-
-        data, _ = load_experiment_data(
-            dataset, "test", 1000, training=False, seed=seed, shift=shift, data_dir=data_dir,
-            reconstruction=False, take=num_examples,
-            test_pairs_per_image=test_pairs_per_image, affnist_path=affnist_path,
-            **image_source,
-        )
-        batches = list(data.as_numpy_iterator())
-        return (
-            np.concatenate([inputs["image"] for inputs, _ in batches]).astype("float32"),
-            np.concatenate([targets["length"] for _, targets in batches]).astype("int32"),
-        )
-    data, _ = load_tfds_split(dataset, "test", data_dir)
-    if num_examples is not None:
-        data = data.take(num_examples)
-    shape = tuple(data.element_spec[0].shape)
-    images, labels = [np.zeros((0, *shape), "uint8")], [np.zeros((0,), "int64")]
-    for image, label in data.batch(1000).as_numpy_iterator():
-        images.append(image)
-        labels.append(label)
-    return (
-        np.concatenate(images).astype("float32") / 255.0,
-        np.concatenate(labels).astype("int32"),
-    )
-
-
-
-def _train_examples(config, data_dir):
-    """Training examples per epoch of a run's configuration."""
-    from capsnet_tf.data.pipeline import load_tfds_split
-
-    if config.get("train_examples"):
-        return int(config["train_examples"])
-    dataset = config.get("dataset", "mnist")
-    if dataset == "image_folder":
-        from capsnet_tf.data.registry import scan_folder
-
-        folder = scan_folder(config["image_folder"], config.get("image_size"),
-                             config.get("test_fraction", 0.2), config.get("seed", 0))
-        return len(folder.splits["train"][0])
-    source = {"multi_mnist": "mnist", "expanded_mnist": "mnist"}.get(dataset, dataset)
-    _, info = load_tfds_split(source, "train", data_dir)
-    return info.splits["train"].num_examples
-
 
 
 def _masked(capsules, class_ids):
@@ -421,75 +339,3 @@ def learning_rates(config, epochs, train_examples):
         steps = math.ceil(examples / config["batch_size"])
     schedule = make_schedule(config, steps)
     return np.array([float(schedule((int(epoch) + 1) * steps)) for epoch in epochs])
-
-
-
-def reconstruction_mosaic(images, reconstructions, gap=2):
-    """One image: inputs in the top row, their reconstructions below.
-
-    Args:
-        images: `[n, H, W, C]` in [0, 1].
-        reconstructions: `[n, H, W, C]`.
-        gap: pixels between tiles (filled with 0.5 grey).
-
-    Returns:
-        float32 `[2 * H + gap, n * W + (n - 1) * gap, C]`.
-
-    Example:
-
-    >>> import numpy as np
-    >>> reconstruction_mosaic(np.ones((3, 4, 4, 1)), np.zeros((3, 4, 4, 1))).shape
-    (10, 16, 1)
-    """
-    images = np.asarray(images, "float32")
-    reconstructions = np.asarray(reconstructions, "float32")
-    count, height, width, channels = images.shape
-    mosaic = np.full(
-        (2 * height + gap, count * width + (count - 1) * gap, channels), 0.5, "float32"
-    )
-    for index in range(count):
-        left = index * (width + gap)
-        mosaic[:height, left:left + width] = images[index]
-        mosaic[height + gap:, left:left + width] = reconstructions[index]
-    return mosaic
-
-
-
-def two_colour(first, second):
-    """Two single-channel images as one RGB image: `first` red, `second` green.
-
-    Where both are bright the pixel is yellow, as in the paper's Figure 5.
-
-    Args:
-        first: `[..., H, W, 1]` (or `[..., H, W]`) in [0, 1].
-        second: same shape.
-
-    Returns:
-        float32 `[..., H, W, 3]` in [0, 1], blue zero.
-
-    Example:
-
-    >>> import numpy as np
-    >>> two_colour(np.ones((2, 2, 1)), np.zeros((2, 2, 1)))[0, 0].tolist()
-    [1.0, 0.0, 0.0]
-    """
-    first = np.asarray(first, "float32")
-    second = np.asarray(second, "float32")
-    if first.shape[-1:] == (1,):
-        first, second = first[..., 0], second[..., 0]
-    colour = np.stack([first, second, np.zeros_like(first)], axis=-1)
-    return np.clip(colour, 0.0, 1.0)
-
-
-
-def _mosaic(grid, gap=2):
-    """`[rows, columns, H, W, C]` images -> one `[rows*H + gaps, columns*W + gaps]` image."""
-    rows, columns, height, width = grid.shape[:4]
-    mosaic = np.full(
-        (rows * (height + gap) - gap, columns * (width + gap) - gap), np.nan, "float32"
-    )
-    for row in range(rows):
-        for column in range(columns):
-            top, left = row * (height + gap), column * (width + gap)
-            mosaic[top:top + height, left:left + width] = grid[row, column, ..., 0]
-    return mosaic

@@ -10,7 +10,6 @@ import matplotlib.patches
 import matplotlib.ticker
 import numpy as np
 
-from capsnet_tf.figures.arrays import _mosaic, two_colour
 from capsnet_tf.figures.style import (
     _RIGHT,
     _WRONG,
@@ -20,6 +19,7 @@ from capsnet_tf.figures.style import (
     _save,
     _show,
 )
+from capsnet_tf.mosaics import grid_mosaic, two_colour
 
 __all__ = [
     "REFERENCE_ERRORS",
@@ -242,7 +242,7 @@ def plot_perturbations(
     axis = figure.add_axes([0.19, 0.07, 0.68, 0.8])
     cmap = matplotlib.colormaps["gray"].with_extremes(bad="white")
     drawn = axis.imshow(
-        _mosaic(grid, gap), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest"
+        grid_mosaic(grid, gap), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest"
     )
     axis.set_xticks([column * (width + gap) + width / 2 - 0.5 for column in range(columns)])
     axis.set_xticklabels([f"{value:+.2f}" for value in values], fontsize=8)

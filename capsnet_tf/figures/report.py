@@ -11,10 +11,10 @@ import os
 
 import numpy as np
 
+from capsnet_tf.data.samples import run_train_examples
 from capsnet_tf.figures.arrays import (
     _KerasCapsNet,
     _SavedModelCapsNet,
-    _train_examples,
     confusion_matrix,
     learning_rates,
     load_test_images,
@@ -154,7 +154,7 @@ def write_figures(
             rates = None
             if history:
                 rates = learning_rates(
-                    config, history["epoch"], _train_examples(config, data_dir)
+                    config, history["epoch"], run_train_examples(config, data_dir)
                 )
             written["training_curves"] = plot_training_curves(
                 history, os.path.join(output_dir, "training_curves.png"), rates,
