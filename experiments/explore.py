@@ -32,6 +32,10 @@ from absl import app, flags
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))  # the repository, when not installed
 
+# oneDNN's CPU kernels on AVX2-only CPUs too, where TensorFlow leaves them off
+# (docs/performance.md). Read once, when TensorFlow is first imported; =0 keeps them off.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 _MODEL = flags.DEFINE_string(
     "model", None, "Exported SavedModel: <export_dir>/<version>, or <export_dir> for its "
     "highest version."

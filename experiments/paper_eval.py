@@ -29,6 +29,10 @@ from absl import app, flags
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))  # the repository, when not installed
 
+# oneDNN's CPU kernels on AVX2-only CPUs too, where TensorFlow leaves them off
+# (docs/performance.md). Read once, when TensorFlow is first imported; =0 keeps them off.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Training work directory of an expanded_mnist or multi_mnist run.",
     required=True,

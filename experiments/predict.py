@@ -44,6 +44,10 @@ import warnings
 
 from absl import app, flags
 
+# oneDNN's CPU kernels on AVX2-only CPUs too, where TensorFlow leaves them off
+# (docs/performance.md). Read once, when TensorFlow is first imported; =0 keeps them off.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 _MODEL = flags.DEFINE_string(
     "model", None, "SavedModel directory: <export_dir>/<version>, or <export_dir> for its "
     "highest version.", required=True,

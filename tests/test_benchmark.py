@@ -167,8 +167,8 @@ def test_onednn_follows_the_variable_set_before_tensorflow(setting, expected):
     assert done.stdout.split("\n")[-2] == expected
 
 
-@pytest.mark.parametrize("script", ["benchmark.py", "export.py", "serving_benchmark.py",
-                                    "visualize.py"])
+@pytest.mark.parametrize("script", ["benchmark.py", "explore.py", "export.py", "paper_eval.py",
+                                    "predict.py", "serving_benchmark.py", "visualize.py"])
 def test_scripts_ask_for_onednn_before_tensorflow_loads(script):
     """The default is set at module level, above the first import that loads TensorFlow."""
     tree = ast.parse(open(os.path.join(REPO_ROOT, "experiments", script)).read())
