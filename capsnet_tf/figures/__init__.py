@@ -3,8 +3,13 @@
 Free of flags, so that a notebook can call them too:
 
 - `arrays`: functions returning arrays (`predict`, `perturbation_grid`,
-  `routing_couplings`, `confusion_matrix`, `learning_rates`,
-  `read_training_log`, `reconstruction_mosaic`, `two_colour`);
+  `confusion_matrix`), through the one adapter of a trained CapsNet
+  (`capsnet_tf.trained`); it also imports what moved below the figures
+  (`load_test_images` from `capsnet_tf.data.samples`, `routing_couplings`
+  from `capsnet_tf.routing`, `reconstruction_mosaic` and `two_colour` from
+  `capsnet_tf.mosaics`);
+- `history`: a run's CSV log and learning rates (`read_training_log`,
+  `learning_rates`);
 - `plots`: functions writing one PNG each with matplotlib
   (`plot_reconstructions`, `plot_perturbations`, `plot_multimnist_separations`,
   `plot_training_curves`, `plot_confusion_matrix`, `plot_routing`,
@@ -22,17 +27,9 @@ Reference:
     (dimension perturbations) and 5 (MultiMNIST separations).
 """
 
-from capsnet_tf.figures.arrays import (
-    confusion_matrix,
-    learning_rates,
-    load_test_images,
-    perturbation_grid,
-    predict,
-    read_training_log,
-    reconstruction_mosaic,
-    routing_couplings,
-    two_colour,
-)
+from capsnet_tf.data.samples import load_test_images
+from capsnet_tf.figures.arrays import confusion_matrix, perturbation_grid, predict
+from capsnet_tf.figures.history import learning_rates, read_training_log
 from capsnet_tf.figures.plots import (
     plot_confusion_matrix,
     plot_error_against_time,
@@ -50,6 +47,8 @@ from capsnet_tf.figures.style import (
     PERTURBATION_VALUES,
     RECONSTRUCTION_POOL,
 )
+from capsnet_tf.mosaics import reconstruction_mosaic, two_colour
+from capsnet_tf.routing import routing_couplings
 
 __all__ = [
     "DPI",

@@ -11,17 +11,9 @@ import os
 
 import numpy as np
 
-from capsnet_tf.data.samples import run_train_examples
-from capsnet_tf.figures.arrays import (
-    _KerasCapsNet,
-    _SavedModelCapsNet,
-    confusion_matrix,
-    learning_rates,
-    load_test_images,
-    perturbation_grid,
-    read_training_log,
-    routing_couplings,
-)
+from capsnet_tf.data.samples import load_test_images, run_train_examples
+from capsnet_tf.figures.arrays import confusion_matrix, perturbation_grid
+from capsnet_tf.figures.history import learning_rates, read_training_log
 from capsnet_tf.figures.plots import (
     plot_confusion_matrix,
     plot_multimnist_separations,
@@ -31,6 +23,8 @@ from capsnet_tf.figures.plots import (
     plot_training_curves,
 )
 from capsnet_tf.figures.style import DPI, FIGURE_NAMES, RECONSTRUCTION_POOL
+from capsnet_tf.routing import routing_couplings
+from capsnet_tf.trained import KerasCapsNet, open_capsnet
 
 __all__ = [
     "write_figures",
@@ -173,9 +167,9 @@ def write_figures(
         model, _ = load_trained_model(workdir, checkpoint)
     if saved_model is not None:
         log(f"Reconstructions, perturbations and confusion matrix from {saved_model}.")
-        adapter = _SavedModelCapsNet(saved_model)
+        adapter = open_capsnet(saved_model)
     else:
-        adapter = _KerasCapsNet(model)
+        adapter = KerasCapsNet(model)
     wanted = set(figures)
     if not adapter.reconstruction:
         log("The model has no decoder: reconstruction and perturbation figures skipped.")
