@@ -64,6 +64,7 @@ def test_ceiling_keeps_its_forward_convolution():
     assert {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"} <= kinds
 
 
+@pytest.mark.large
 def test_tiny_run_writes_every_section(tmp_path):
     output = tmp_path / "results"
     command = [

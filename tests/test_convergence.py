@@ -26,6 +26,7 @@ def digests(dataset):
     return found
 
 
+@pytest.mark.large
 def test_validation_split_is_the_last_training_images_unaugmented_and_disjoint(tfds_data_dir):
     from capsnet_tf.data import load_tfds_split
     from capsnet_tf.training import _load_split
@@ -64,6 +65,7 @@ def read_log(workdir):
 
 
 @pytest.mark.parametrize("validation_examples, chosen_on", [(None, "test"), (16, "validation")])
+@pytest.mark.large
 def test_target_accuracy_stops_at_the_first_epoch_that_reaches_it(
     tfds_data_dir, tmp_path, validation_examples, chosen_on
 ):
@@ -98,6 +100,7 @@ def test_target_accuracy_stops_at_the_first_epoch_that_reaches_it(
     assert results["final_epoch_test_accuracy"] == pytest.approx(float(final_test))
 
 
+@pytest.mark.large
 def test_unreached_target_trains_every_epoch_and_validation_selects(tfds_data_dir, tmp_path):
     from capsnet_tf.training import train_and_evaluate
 

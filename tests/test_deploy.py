@@ -27,6 +27,9 @@ from capsnet_tf.losses import MarginLoss, ReconstructionLoss
 from tests.conftest import REPO_ROOT
 from tests.test_model import small_model
 
+# Trains a model and runs every format in fresh processes: minutes.
+pytestmark = pytest.mark.large
+
 EXPORT = os.path.join(REPO_ROOT, "experiments", "export.py")
 TEST_IMAGES = 500
 

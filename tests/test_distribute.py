@@ -324,6 +324,7 @@ def _run_module(mode, output_path, timeout):
     assert process.returncode == 0, output[-4000:]
 
 
+@pytest.mark.large
 def test_one_step_on_two_replicas_equals_one_step_on_the_global_batch(tfds_data_dir, tmp_path):
     output = tmp_path / "mirrored.npz"
     _run_module("mirrored", output, timeout=400)
@@ -360,6 +361,7 @@ def test_one_step_on_two_replicas_equals_one_step_on_the_global_batch(tfds_data_
     assert np.isfinite(adam["loss"])
 
 
+@pytest.mark.large
 def test_two_workers_on_localhost_agree_with_one_process(tfds_data_dir, tmp_path):
     """Two MultiWorkerMirroredStrategy workers train the real CapsNet a few steps."""
     ports = [_free_port(), _free_port()]

@@ -120,7 +120,15 @@ FLAG_ERRORS = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(FLAG_ERRORS))
+# Two cases (absl's own check, then the configuration's) in the default tier;
+# each is a script run of a few seconds.
+QUICK_FLAG_ERRORS = ("unknown flag", "zero learning rate")
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=() if case in QUICK_FLAG_ERRORS else pytest.mark.large)
+    for case in sorted(FLAG_ERRORS)
+])
 def test_bad_flags_are_refused_before_anything_is_touched(case, workdir):
     args, words = FLAG_ERRORS[case]
     before = snapshot(workdir)
@@ -130,6 +138,7 @@ def test_bad_flags_are_refused_before_anything_is_touched(case, workdir):
     assert_unchanged(before, workdir)
 
 
+@pytest.mark.large
 def test_work_directory_of_another_model_is_refused_unless_overwrite(tfds_data_dir, workdir):
     before = snapshot(workdir)
     # The saved run has 32 primary capsule types; this asks for 2.
@@ -156,6 +165,7 @@ def test_missing_tfds_data_set_names_the_directory(workdir, tmp_path):
     assert_unchanged(before, workdir)
 
 
+@pytest.mark.large
 def test_export_directory_holding_a_model_is_refused(workdir, tmp_path):
     version = tmp_path / "serving" / "1"
     version.mkdir(parents=True)
@@ -166,6 +176,7 @@ def test_export_directory_holding_a_model_is_refused(workdir, tmp_path):
     assert_unchanged(before, tmp_path / "serving")
 
 
+@pytest.mark.large
 def test_truncated_checkpoint_is_named_by_export(workdir, tmp_path):
     best = os.path.join(workdir, "checkpoints", "best.weights.h5")
     with open(best, "r+b") as file:
@@ -183,6 +194,7 @@ def test_export_of_a_directory_that_is_not_a_run(tmp_path):
     assert_clear_error(result, "config.json does not exist", "work directory")
 
 
+@pytest.mark.large
 def test_predict_refuses_images_of_the_wrong_size(tmp_path):
     import keras
     from PIL import Image
@@ -208,6 +220,7 @@ def test_predict_refuses_images_of_the_wrong_size(tmp_path):
     assert_clear_error(result, "is neither a SavedModel directory", "experiments/export.py")
 
 
+@pytest.mark.large
 def test_divergence_and_unusable_backups_stop_with_a_clear_message(tfds_data_dir, tmp_path):
     """NaN loss: names the step, keeps the last good checkpoint; broken backups: refused."""
     from capsnet_tf.callbacks import load_weights, read_checkpoint_metadata

@@ -78,6 +78,7 @@ def test_flagfiles_hold_the_official_settings(flagfile, expected):
         assert values[name] == value, (flagfile, name, values[name], value)
 
 
+@pytest.mark.large
 def test_multi_mnist_experiment_and_figure_5(tfds_data_dir, tmp_path):
     from capsnet_tf.figures import FIGURE_SIZES, write_figures
 
@@ -134,6 +135,7 @@ def test_figure_5_draws_each_digit_in_its_own_colour(tmp_path):
     assert red.sum() > 4 * 50 and green.sum() > 4 * 50
 
 
+@pytest.mark.large
 @pytest.mark.parametrize("flagfile", ["affnist.flags", "affnist_baseline.flags"])
 def test_affnist_experiment_reports_both_test_sets(tfds_data_dir, tmp_path, flagfile):
     workdir = str(tmp_path / "run")
@@ -150,6 +152,7 @@ def test_affnist_experiment_reports_both_test_sets(tfds_data_dir, tmp_path, flag
     assert os.path.exists(os.path.join(workdir, "checkpoints", "latest.weights.h5"))
 
 
+@pytest.mark.large
 def test_fashion_mnist_experiment(tfds_data_dir, tmp_path):
     workdir = str(tmp_path / "fashion")
     run_main(["--flagfile=fashion_mnist.flags", f"--workdir={workdir}", *TINY])
@@ -157,6 +160,7 @@ def test_fashion_mnist_experiment(tfds_data_dir, tmp_path):
     assert 0.0 <= read_json(workdir, "results.json")["test_accuracy"] <= 1.0
 
 
+@pytest.mark.large
 def test_cifar10_official_configuration_as_an_ensemble_on_mock_data(tmp_path):
     import tensorflow_datasets as tfds
 
@@ -178,6 +182,7 @@ def test_cifar10_official_configuration_as_an_ensemble_on_mock_data(tmp_path):
     assert 0.0 <= results["test_accuracy"] <= 1.0
 
 
+@pytest.mark.large
 def test_smallnorb_experiment_on_mock_data(tmp_path):
     import tensorflow_datasets as tfds
 

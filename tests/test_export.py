@@ -180,6 +180,7 @@ def test_assets_describe_input_format_and_classes(exported):
     assert "decode(capsules float32 [-1, 10, 6], class_ids int32 [-1])" in readme
 
 
+@pytest.mark.large
 def test_loads_and_runs_with_tensorflow_only_and_refuses_bad_inputs(exported, tmp_path):
     _, inference, path, _ = exported
     pixels = uint8_images(3, seed=3)
@@ -257,6 +258,7 @@ def test_loads_and_runs_with_tensorflow_only_and_refuses_bad_inputs(exported, tm
     assert "expects float32 capsules of shape [batch, 10, 6]" in errors["capsules"]
 
 
+@pytest.mark.large
 def test_saved_model_cli_run_gives_the_same_predictions(exported, tmp_path):
     _, _, path, loaded = exported
     pixels = uint8_images(2, seed=4)
@@ -275,6 +277,7 @@ def test_saved_model_cli_run_gives_the_same_predictions(exported, tmp_path):
         )
 
 
+@pytest.mark.large
 def test_existing_version_is_refused_and_nothing_is_destroyed(tmp_path, monkeypatch):
     first, second = mnist_sized_model(), mnist_sized_model()
     base = str(tmp_path / "serving")
@@ -375,6 +378,7 @@ def test_inference_model_compiles_for_any_batch_size(policy):
                 )
 
 
+@pytest.mark.large
 def test_export_script_writes_a_servable_version_and_refuses_to_overwrite(tmp_path):
     model = mnist_sized_model(name="capsnet")
     workdir = make_workdir(str(tmp_path / "run"), model, dataset="fashion_mnist")

@@ -28,6 +28,7 @@ def run(script, args, cwd=REPO_ROOT):
                           text=True, timeout=300)
 
 
+@pytest.mark.large
 def test_folder_trains_exports_and_predicts_with_its_class_names(tmp_path):
     folder = write_folder(tmp_path / "images")
     workdir = tmp_path / "run"

@@ -19,6 +19,9 @@ from tests.conftest import REPO_ROOT
 from tests.image_folder_helpers import write_folder
 from tests.test_errors import assert_clear_error
 
+# A dozen concurrent script runs, each importing TensorFlow: over a minute.
+pytestmark = pytest.mark.large
+
 MNIST = os.path.join(REPO_ROOT, "experiments", "mnist.py")
 TINY = ["--epochs=1", "--steps_per_epoch=1", "--batch_size=4", "--primary_capsule_types=2"]
 

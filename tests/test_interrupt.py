@@ -97,6 +97,7 @@ def uninterrupted(tfds_data_dir, tmp_path_factory):
 @pytest.mark.parametrize(
     "signal_name, exit_code", [("SIGTERM", 143), ("SIGINT", 130)], ids=["sigterm", "ctrl-c"]
 )
+@pytest.mark.large
 def test_signal_mid_epoch_saves_that_step_and_the_resumed_run_ends_bit_identical(
     uninterrupted, tmp_path, signal_name, exit_code
 ):
@@ -124,6 +125,7 @@ def test_signal_mid_epoch_saves_that_step_and_the_resumed_run_ends_bit_identical
     )
 
 
+@pytest.mark.large
 def test_sigkill_after_a_backup_resumes_bit_identical(uninterrupted, tmp_path):
     workdir = tmp_path / "run"
     killed = run_with_signal(workdir, 11, "SIGKILL", "--backup_every_steps=3")
@@ -135,6 +137,7 @@ def test_sigkill_after_a_backup_resumes_bit_identical(uninterrupted, tmp_path):
     assert_same_arrays(workdir / STATE, uninterrupted / STATE)
 
 
+@pytest.mark.large
 def test_second_ctrl_c_exits_at_once_keeping_the_last_backup(tfds_data_dir, tmp_path):
     workdir = tmp_path / "run"
     stopped = run_with_signal(workdir, 11, "SIGINT*2")
@@ -146,6 +149,7 @@ def test_second_ctrl_c_exits_at_once_keeping_the_last_backup(tfds_data_dir, tmp_
     assert not any(name.endswith(".tmp.weights.h5") for name in os.listdir(workdir / "backup"))
 
 
+@pytest.mark.large
 def test_second_run_on_a_busy_work_directory_is_refused_and_changes_nothing(
     tfds_data_dir, tmp_path
 ):
@@ -200,6 +204,7 @@ def test_lock_of_a_killed_process_does_not_block(tmp_path):
         assert lock_holder(tmp_path)["pid"] == os.getpid()
 
 
+@pytest.mark.large
 def test_checkpoint_write_on_a_full_disk_keeps_the_previous_file_and_says_so(
     tfds_data_dir, tmp_path
 ):

@@ -33,6 +33,7 @@ def _measure_module():
     return module
 
 
+@pytest.mark.large
 @pytest.mark.parametrize("name", ["mnist_28x28x1_b32", "cifar_32x32x3_b32"])
 def test_estimate_is_within_a_quarter_of_the_measured_peak(name):
     result = subprocess.run(
@@ -47,6 +48,7 @@ def test_estimate_is_within_a_quarter_of_the_measured_peak(name):
     assert 0.75 <= ratio <= 1.25, (name, ratio, estimate.describe(), measured)
 
 
+@pytest.mark.large
 def test_tensor_count_is_within_a_quarter_of_tensorflows_own_peak():
     """The estimate's tensors against TensorFlow's peak bytes in use (BFC allocator).
 

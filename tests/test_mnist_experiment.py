@@ -94,6 +94,7 @@ def test_incompatible_workdir_is_refused_without_damage(tfds_data_dir, tmp_path)
     assert json.loads((workdir / "config.json").read_text()) == saved
 
 
+@pytest.mark.large
 def test_flagfile_command_from_repository_root_and_experiments(tfds_data_dir, tmp_path):
     for cwd, name in ((REPO_ROOT, "root"), (os.path.join(REPO_ROOT, "experiments"), "exp")):
         workdir = str(tmp_path / name)
@@ -108,6 +109,7 @@ def test_flagfile_command_from_repository_root_and_experiments(tfds_data_dir, tm
         assert config["batch_size"] == 8 and config["initializer"] == "keras"
 
 
+@pytest.mark.large
 def test_bad_flag_values_and_missing_data_exit_with_a_clear_message(tmp_path):
     result = run_script(["--batch_size=-4", f"--workdir={tmp_path}"])
     assert result.returncode != 0 and "batch_size" in result.stderr

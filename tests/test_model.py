@@ -137,6 +137,7 @@ def test_config_round_trip_and_keras_file(tmp_path):
             np.testing.assert_allclose(actual[name].numpy(), expected[name].numpy(), rtol=1e-6)
 
 
+@pytest.mark.large
 def test_keras_file_loads_in_a_fresh_process_without_custom_objects(tmp_path):
     model = compile_model(small_model(), ExperimentConfig())
     inputs, _ = batch(2)
@@ -210,6 +211,7 @@ def test_vote_scaling_by_capsule_count():
         CapsNet(vote_scaling="mean")
 
 
+@pytest.mark.large
 def test_one_adam_step_saturates_many_capsules_unless_the_votes_are_scaled():
     """Why `vote_scaling` exists: 8,192 primary capsules, 3 classes, dense colour images.
 

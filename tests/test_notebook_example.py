@@ -8,6 +8,7 @@ import textwrap
 
 import keras
 import numpy as np
+import pytest
 
 from tests.conftest import REPO_ROOT
 
@@ -52,6 +53,7 @@ def test_small_capsnet_for_another_size_trains_with_partial_batches():
     assert outputs["length"].shape == (10, 5) and outputs["reconstruction"].shape == images.shape
 
 
+@pytest.mark.large
 def test_example_runs_and_its_model_reloads_in_a_fresh_process(tmp_path):
     # The example runs as a user would (its own process, a few steps), saves
     # the model as .keras with predictions; this process reloads and compares.

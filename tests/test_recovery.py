@@ -380,6 +380,7 @@ def read_state(path):
         return json.loads(file.attrs["capsnet_tf_checkpoint"])
 
 
+@pytest.mark.large
 def test_sigkill_mid_epoch_then_same_command_finishes_the_run(tfds_data_dir, tmp_path):
     """experiments/mnist.py killed in epoch 1, run again: 2 epochs, 2 x 8 optimizer steps."""
     workdir = tmp_path / "run"

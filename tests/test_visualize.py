@@ -48,6 +48,7 @@ def _pixels(name, dpi):
     return round(height * dpi), round(width * dpi)
 
 
+@pytest.mark.large
 def test_script_writes_every_figure_as_a_png_of_the_expected_size(workdir, tmp_path):
     output_dir = tmp_path / "figures"
     # From another directory: the script finds the repository by itself.
@@ -84,6 +85,7 @@ def test_a_missing_work_directory_is_named(tmp_path):
         figures.write_figures(str(tmp_path / "nothing"))
 
 
+@pytest.mark.large
 def test_perturbation_grid_changes_along_every_row(model, sample_images):
     images, _ = sample_images
     outputs = figures.predict(model, images[:4])
@@ -113,6 +115,7 @@ def test_perturbation_grid_changes_along_every_row(model, sample_images):
     np.testing.assert_allclose(grid[4, -1], expected, atol=1e-5)
 
 
+@pytest.mark.large
 def test_routing_couplings_over_the_primary_grid(model, sample_images):
     images, _ = sample_images
     routing = figures.routing_couplings(model, images[0])
@@ -180,6 +183,7 @@ def _image_summaries(log_dir):
     return found
 
 
+@pytest.mark.large
 def test_reconstruction_images_callback_writes_an_image_summary_each_epoch(
     model, sample_images, tmp_path
 ):
@@ -205,6 +209,7 @@ def test_reconstruction_images_callback_writes_an_image_summary_each_epoch(
         ReconstructionImages(images, labels[:3], log_dir)
 
 
+@pytest.mark.large
 def test_reconstruction_images_callback_inside_fit(workdir, sample_images, tmp_path):
     from capsnet_tf.training import compile_model
     from capsnet_tf.workdir import load_trained_model
@@ -231,6 +236,7 @@ def saved_model(model, tmp_path_factory):
     return export.export_saved_model(model, str(tmp_path_factory.mktemp("export")), verify=False)
 
 
+@pytest.mark.large
 def test_saved_model_draws_what_the_checkpoint_draws(model, saved_model, workdir, sample_images,
                                                     tmp_path):
     images, _ = sample_images

@@ -66,6 +66,7 @@ def test_without_averaging_the_callbacks_change_nothing():
     assert not averaged.holds_averages
 
 
+@pytest.mark.large
 def test_a_run_checkpoints_the_averages_and_backs_up_the_trained_weights(tfds_data_dir, tmp_path):
     from capsnet_tf.training import build_model, compile_model, train_and_evaluate
 
