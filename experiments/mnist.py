@@ -85,7 +85,11 @@ def _quiet_start():
     same TSL and Abseil code, writes it again in the same process.
     """
     sys.stderr.flush()
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to filter (closed by whoever started the script)
+        yield
+        return
     read_end, write_end = os.pipe()
     with contextlib.suppress(OSError, AttributeError):  # room for a chatty start (Linux)
         import fcntl
