@@ -67,61 +67,21 @@ def plot_reconstructions(
         `path`.
     """
 
-    def named(class_id):
-        return class_names[int(class_id)] if class_names else str(int(class_id))
-
-    blocks = []
-    count = min(len(images), 2 * columns)
-    for start in range(0, count, columns):
-        stop = min(start + columns, count)
-        blocks.append((
-            f"test images {start + 1}-{stop}",
-            images[start:stop], labels[start:stop],
-            reconstructions[start:stop], predictions[start:stop],
-        ))
-    if wrong is not None and len(wrong[0]):
-        blocks.append(("misclassified", *(array[:columns] for array in wrong)))
-    else:
-        blocks.append(("misclassified", None, None, None, None))
-
+    blocks = _reconstruction_blocks(
+        images, labels, reconstructions, predictions, wrong, columns
+    )
     figure = _figure("reconstructions")
     grid = figure.add_gridspec(
         2 * len(blocks), columns, left=0.13, right=0.88, top=0.86, bottom=0.03,
         hspace=0.45, wspace=0.08,
     )
     drawn = None
-    for block_index, (kind, block_images, block_labels, block_recons, block_preds) in enumerate(
-        blocks
-    ):
-        row = 2 * block_index
-        if block_images is None:
-            axis = figure.add_subplot(grid[row:row + 2, :])
-            axis.axis("off")
-            axis.text(0.5, 0.5, "no misclassified examples among the evaluated test images",
-                      ha="center", va="center", fontsize=11)
-            continue
-        for column in range(columns):
-            top = figure.add_subplot(grid[row, column])
-            bottom = figure.add_subplot(grid[row + 1, column])
-            if column >= len(block_images):
-                top.axis("off")
-                bottom.axis("off")
-                continue
-            drawn = _show(top, block_images[column])
-            _show(bottom, block_recons[column])
-            correct = int(block_labels[column]) == int(block_preds[column])
-            # Class names may be long: one line each for the true and the predicted.
-            separator = "\n" if class_names else ", "
-            top.set_title(
-                f"true {named(block_labels[column])}{separator}"
-                f"pred {named(block_preds[column])}",
-                fontsize=7 if class_names else 8, color=_RIGHT if correct else _WRONG,
-            )
-            if column == 0:
-                top.set_ylabel("input", fontsize=9)
-                bottom.set_ylabel("reconstruction", fontsize=9)
+    for block_index, block in enumerate(blocks):
+        last = _draw_reconstruction_block(figure, grid, 2 * block_index, block, columns,
+                                          class_names)
+        drawn = drawn if last is None else last
         figure.text(
-            0.02, 1.0 - (0.14 + 0.83 * (block_index + 0.5) / len(blocks)), kind,
+            0.02, 1.0 - (0.14 + 0.83 * (block_index + 0.5) / len(blocks)), block[0],
             rotation=90, va="center", ha="center", fontsize=11, weight="bold",
         )
     figure.suptitle(title, fontsize=12, y=0.985)
@@ -142,6 +102,66 @@ def plot_reconstructions(
         figure.colorbar(drawn, cax=bar, label="pixel intensity")
     return _save(figure, path, dpi)
 
+
+
+def _reconstruction_blocks(images, labels, reconstructions, predictions, wrong, columns):
+    """The pairs of rows of `plot_reconstructions`: `(kind, images, labels, reconstructions,
+    predictions)`, up to two of test images and one of misclassified ones (all None: none)."""
+    blocks = []
+    count = min(len(images), 2 * columns)
+    for start in range(0, count, columns):
+        stop = min(start + columns, count)
+        blocks.append((
+            f"test images {start + 1}-{stop}",
+            images[start:stop], labels[start:stop],
+            reconstructions[start:stop], predictions[start:stop],
+        ))
+    if wrong is not None and len(wrong[0]):
+        blocks.append(("misclassified", *(array[:columns] for array in wrong)))
+    else:
+        blocks.append(("misclassified", None, None, None, None))
+    return blocks
+
+
+def _draw_reconstruction_block(figure, grid, row, block, columns, class_names):
+    """Draws one block of `_reconstruction_blocks` into rows `row` and `row + 1` of `grid`.
+
+    Returns:
+        The last image drawn (for the colour bar), or None.
+    """
+
+    def named(class_id):
+        return class_names[int(class_id)] if class_names else str(int(class_id))
+
+    _, block_images, block_labels, block_recons, block_preds = block
+    if block_images is None:
+        axis = figure.add_subplot(grid[row:row + 2, :])
+        axis.axis("off")
+        axis.text(0.5, 0.5, "no misclassified examples among the evaluated test images",
+                  ha="center", va="center", fontsize=11)
+        return None
+    drawn = None
+    for column in range(columns):
+        top = figure.add_subplot(grid[row, column])
+        bottom = figure.add_subplot(grid[row + 1, column])
+        if column >= len(block_images):
+            top.axis("off")
+            bottom.axis("off")
+            continue
+        drawn = _show(top, block_images[column])
+        _show(bottom, block_recons[column])
+        correct = int(block_labels[column]) == int(block_preds[column])
+        # Class names may be long: one line each for the true and the predicted.
+        separator = "\n" if class_names else ", "
+        top.set_title(
+            f"true {named(block_labels[column])}{separator}"
+            f"pred {named(block_preds[column])}",
+            fontsize=7 if class_names else 8, color=_RIGHT if correct else _WRONG,
+        )
+        if column == 0:
+            top.set_ylabel("input", fontsize=9)
+            bottom.set_ylabel("reconstruction", fontsize=9)
+    return drawn
 
 
 def plot_multimnist_separations(
