@@ -97,9 +97,10 @@ def _quiet_start():
         fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 1 << 20)
     os.dup2(write_end, 2)
     os.close(write_end)
+    forward_to = os.dup(saved)  # here, not in the thread: `saved` may be closed first
 
     def forward():
-        with os.fdopen(read_end, "rb") as lines, os.fdopen(os.dup(saved), "wb", 0) as out:
+        with os.fdopen(read_end, "rb") as lines, os.fdopen(forward_to, "wb", 0) as out:
             for line in lines:
                 if not _hidden_at_start(line.decode(errors="replace")):
                     out.write(line)

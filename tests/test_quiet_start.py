@@ -66,6 +66,19 @@ def test_start_up_lines_are_hidden_and_everything_else_kept():
         assert not hidden(line, nvidia_driver=False), line
 
 
+def test_quiet_start_filters_file_descriptor_2(capfd):
+    """What C++ writes to fd 2 while TensorFlow loads passes the filter line by line."""
+    script = load_script()
+    with script._quiet_start():
+        os.write(2, ("\n".join(_START_LINES) + "\n").encode())
+        os.write(2, b"a line of our own\n")
+        os.write(2, _NO_DRIVER_ERROR.replace("failed call to cuInit", "other").encode() + b"\n")
+    os.write(2, b"after the start\n")
+    kept = _NO_DRIVER_ERROR.replace("failed call to cuInit", "other")
+    assert capfd.readouterr().err == f"a line of our own\n{kept}\nafter the start\n"
+
+
+@pytest.mark.large
 def test_tiny_run_console_has_no_cpp_log_lines(tfds_data_dir, tmp_path):
     """What a new user sees from `mnist.flags` on a CPU: the summary and progress, no C++."""
     workdir = str(tmp_path / "run")
@@ -82,6 +95,7 @@ def test_tiny_run_console_has_no_cpp_log_lines(tfds_data_dir, tmp_path):
     assert json.load(open(os.path.join(workdir, "config.json")))["mixed_precision"] == "float32"
 
 
+@pytest.mark.large
 def test_verbosity_brings_the_cpp_lines_back():
     """--verbosity turns the filter off (--helpshort: TensorFlow loads, nothing trains)."""
     quiet = run_script(["--helpshort"])
