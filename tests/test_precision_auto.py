@@ -92,6 +92,24 @@ def test_auto_is_a_valid_choice_and_others_are_not():
         ExperimentConfig(mixed_precision="bf16").validate()
 
 
+def test_config_json_records_asked_and_resolved_and_old_files_still_load(tmp_path):
+    config = ExperimentConfig(mixed_precision="auto")
+    record = json.loads(training._config_record(config, "float32", "why"))
+    assert record["mixed_precision"] == "auto"
+    assert record["mixed_precision_resolved"] == "float32"
+    assert record["mixed_precision_reason"] == "why"
+    # Every other key is a field, as before; a reader that keeps the fields it knows
+    # (load_trained_model) rebuilds the config from the new file and from an old one.
+    assert json.loads(config.to_json()) == {
+        key: value for key, value in record.items() if not key.startswith("mixed_precision_")
+    } | {"mixed_precision": "auto"}
+    fields = set(ExperimentConfig.__dataclass_fields__)
+    assert ExperimentConfig(**{k: v for k, v in record.items() if k in fields}) == config
+    old = json.loads(ExperimentConfig(mixed_precision="bfloat16").to_json())
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    check_workdir(str(tmp_path), config, overwrite=False)  # the same model: resumes
+
+
 def _fast_recipe_flags(workdir, epochs=1):
     """mnist_fast.flags as the command line gives them, cut to a few steps."""
     script = load_script()
@@ -102,6 +120,7 @@ def _fast_recipe_flags(workdir, epochs=1):
     ])
 
 
+@pytest.mark.large
 def test_fast_recipe_on_an_avx2_cpu_records_float32(tfds_data_dir, tmp_path, monkeypatch, capsys):
     """A short mnist_fast.flags run on an AVX2-only CPU (its flags stand in for one) trains
     in float32; config.json says what was asked and what it resolved to, and an earlier
