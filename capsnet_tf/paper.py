@@ -192,11 +192,14 @@ def _load(workdir, checkpoint):
 
 
 def _describe(model, config, workdir):
+    with open(os.path.join(workdir, "config.json")) as file:
+        saved = json.load(file)
     return {
         "model": config.model,
         "parameters": int(model.count_params()),
         "dataset": config.dataset,
-        "mixed_precision": config.mixed_precision,
+        # What an `auto` request resolved to on the training machine.
+        "mixed_precision": saved.get("mixed_precision_resolved", config.mixed_precision),
         "seed": config.seed,
         **training_budget(workdir),
     }
