@@ -189,3 +189,20 @@ def test_bad_arguments():
         make_dataset("mnist", "train", 0, training=True)
     with pytest.raises(ValueError, match="shift"):
         make_dataset("mnist", "train", 8, training=True, shift=-1)
+
+
+def test_registry_has_a_loader_per_data_set_and_checks_before_loading(tmp_path):
+    from capsnet_tf.data.registry import DATASETS, LOADERS, load_experiment_data
+
+    assert DATASETS == ("mnist", "fashion_mnist", "multi_mnist", "expanded_mnist", "affnist",
+                        "cifar10", "smallnorb")
+    assert set(LOADERS) == set(DATASETS)
+    with pytest.raises(ValueError, match="affNIST is a test set only"):
+        load_experiment_data("affnist", "train", 8, training=True)
+    with pytest.raises(ValueError, match="without reconstruction"):
+        load_experiment_data("cifar10", "train", 8, training=True)
+    with pytest.raises(ValueError, match="needs `image_folder`"):
+        load_experiment_data("image_folder", "train", 8, training=True)
+    # Any other name is a TFDS image data set, looked for where asked.
+    with pytest.raises(DatasetNotFoundError, match="'kmnist'"):
+        load_experiment_data("kmnist", "test", 8, training=False, data_dir=str(tmp_path))

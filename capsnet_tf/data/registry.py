@@ -1,8 +1,9 @@
 """One entry point to every data set an experiment can train on.
 
-`load_experiment_data(name, split, ...)` dispatches to the pipeline of
-`name` and always returns `(dataset, DatasetSpec)`, so that the training loop
-does not need to know where the examples come from:
+`load_experiment_data(name, split, ...)` dispatches to the loader of `name`
+(`LOADERS`, one function per built-in data set; `IMAGE_FOLDER` and other
+TFDS names have their own) and always returns `(dataset, DatasetSpec)`, so
+that the training loop does not need to know where the examples come from:
 
 | name | pipeline | images | classes | targets |
 | --- | --- | --- | --- | --- |
@@ -20,20 +21,166 @@ import functools
 
 from capsnet_tf.data.spec import DatasetSpec
 
-__all__ = ["DATASETS", "IMAGE_FOLDER", "load_experiment_data", "scan_folder"]
+__all__ = ["DATASETS", "IMAGE_FOLDER", "LOADERS", "load_experiment_data", "scan_folder"]
 
 # The `dataset` of a run on `image_folder`.
 IMAGE_FOLDER = "image_folder"
 
-DATASETS = (
-    "mnist",
-    "fashion_mnist",
-    "multi_mnist",
-    "expanded_mnist",
-    "affnist",
-    "cifar10",
-    "smallnorb",
-)
+
+# One loader per data set: `(name, split, batch_size, training, **options)`
+# -> `(dataset, spec)`, `options` being `load_experiment_data`'s keyword
+# arguments; each takes the options it uses and ignores the rest (`**_`).
+
+
+def _load_image_folder(name, split, batch_size, training, *, seed, reconstruction, take,
+                       image_folder, image_size, test_fraction, augment, **_):
+    from capsnet_tf.data.folder import make_image_folder_dataset
+
+    if not image_folder:
+        raise ValueError("`dataset='image_folder'` needs `image_folder` (--image_folder).")
+    folder = scan_folder(image_folder, image_size, test_fraction, seed)
+    return make_image_folder_dataset(
+        folder, split, batch_size, training, seed=seed, reconstruction=reconstruction,
+        take=take, **augment,
+    )
+
+
+def _load_tfds_images(name, split, batch_size, training, *, seed, data_dir, reconstruction,
+                      take, image_size, augment, **_):
+    from capsnet_tf.data.tfds_images import make_tfds_image_dataset
+
+    return make_tfds_image_dataset(
+        name, split, batch_size, training, seed=seed, data_dir=data_dir,
+        reconstruction=reconstruction, take=take, image_size=image_size, **augment,
+    )
+
+
+def _load_mnist(name, split, batch_size, training, *, seed, shift, data_dir, reconstruction,
+                take, shift_mode, **_):
+    """`mnist` and `fashion_mnist`."""
+    from capsnet_tf.data.pipeline import make_dataset
+
+    dataset, info = make_dataset(
+        name,
+        split,
+        batch_size,
+        training=training,
+        shift=(shift or 0) if training else 0,
+        seed=seed,
+        data_dir=data_dir,
+        reconstruction=reconstruction,
+        take=take,
+        shift_mode=shift_mode,
+    )
+    spec = DatasetSpec(
+        name=name,
+        image_shape=tuple(info.features["image"].shape),
+        num_classes=info.features["label"].num_classes,
+        num_examples=info.splits[split].num_examples,
+        class_names=tuple(info.features["label"].names),
+    )
+    return dataset, spec
+
+
+def _shift_option(shift):
+    """The generated MNIST sets' `max_shift`, left to their default when None."""
+    return {} if shift is None else {"max_shift": shift}
+
+
+def _load_multi_mnist(name, split, batch_size, training, *, seed, shift, data_dir,
+                      reconstruction, take, test_pairs_per_image, **_):
+    from capsnet_tf.data.multimnist import make_multimnist_dataset
+
+    return make_multimnist_dataset(
+        split,
+        batch_size,
+        training=training,
+        seed=seed,
+        test_pairs_per_image=test_pairs_per_image,
+        data_dir=data_dir,
+        reconstruction=reconstruction,
+        take=take,
+        **_shift_option(shift),
+    )
+
+
+def _load_expanded_mnist(name, split, batch_size, training, *, seed, shift, data_dir,
+                         reconstruction, take, **_):
+    from capsnet_tf.data.affnist import make_expanded_mnist_dataset
+
+    return make_expanded_mnist_dataset(
+        split,
+        batch_size,
+        training=training,
+        seed=seed,
+        data_dir=data_dir,
+        reconstruction=reconstruction,
+        take=take,
+        **_shift_option(shift),
+    )
+
+
+def _load_affnist(name, split, batch_size, training, *, seed, data_dir, reconstruction, take,
+                  affnist_path, **_):
+    if split != "test":
+        raise ValueError(
+            "affNIST is a test set only (train on expanded_mnist). "
+            f"Received: split={split!r}"
+        )
+    from capsnet_tf.data.affnist import make_affnist_dataset
+
+    return make_affnist_dataset(
+        batch_size,
+        seed=seed,
+        data_dir=data_dir,
+        path=affnist_path,
+        reconstruction=reconstruction,
+        take=take,
+    )
+
+
+def _load_cifar10(name, split, batch_size, training, *, seed, data_dir, reconstruction, take,
+                  **_):
+    from capsnet_tf.data.cifar10 import make_cifar10_dataset
+
+    if reconstruction:
+        raise ValueError(
+            "CIFAR-10 is trained without reconstruction, as in the official "
+            "release (remake=false): pass reconstruction=False (--noreconstruction)."
+        )
+    return make_cifar10_dataset(
+        split, batch_size, training=training, seed=seed, data_dir=data_dir, take=take
+    )
+
+
+def _load_smallnorb(name, split, batch_size, training, *, seed, data_dir, reconstruction, take,
+                    **_):
+    from capsnet_tf.data.smallnorb import make_smallnorb_dataset
+
+    return make_smallnorb_dataset(
+        split,
+        batch_size,
+        training=training,
+        seed=seed,
+        data_dir=data_dir,
+        reconstruction=reconstruction,
+        take=take,
+    )
+
+
+# The built-in data sets and their loaders; any other name is an image folder
+# (`IMAGE_FOLDER`) or a TFDS image-classification set (`_load_tfds_images`).
+LOADERS = {
+    "mnist": _load_mnist,
+    "fashion_mnist": _load_mnist,
+    "multi_mnist": _load_multi_mnist,
+    "expanded_mnist": _load_expanded_mnist,
+    "affnist": _load_affnist,
+    "cifar10": _load_cifar10,
+    "smallnorb": _load_smallnorb,
+}
+
+DATASETS = tuple(LOADERS)
 
 
 def load_experiment_data(
@@ -93,112 +240,13 @@ def load_experiment_data(
         capsnet_tf.data.folder.ImageFolderError: `image_folder` cannot be
             trained on (one line says why).
     """
-    augment = {"shift": (shift or 0) if training else 0, "horizontal_flip": horizontal_flip}
-    if name == IMAGE_FOLDER:
-        from capsnet_tf.data.folder import make_image_folder_dataset
-
-        if not image_folder:
-            raise ValueError("`dataset='image_folder'` needs `image_folder` (--image_folder).")
-        folder = scan_folder(image_folder, image_size, test_fraction, seed)
-        return make_image_folder_dataset(
-            folder, split, batch_size, training, seed=seed, reconstruction=reconstruction,
-            take=take, **augment,
-        )
-    if name not in DATASETS:
-        from capsnet_tf.data.tfds_images import make_tfds_image_dataset
-
-        return make_tfds_image_dataset(
-            name, split, batch_size, training, seed=seed, data_dir=data_dir,
-            reconstruction=reconstruction, take=take, image_size=image_size, **augment,
-        )
-    if name in ("mnist", "fashion_mnist"):
-        from capsnet_tf.data.pipeline import make_dataset
-
-        dataset, info = make_dataset(
-            name,
-            split,
-            batch_size,
-            training=training,
-            shift=(shift or 0) if training else 0,
-            seed=seed,
-            data_dir=data_dir,
-            reconstruction=reconstruction,
-            take=take,
-            shift_mode=shift_mode,
-        )
-        spec = DatasetSpec(
-            name=name,
-            image_shape=tuple(info.features["image"].shape),
-            num_classes=info.features["label"].num_classes,
-            num_examples=info.splits[split].num_examples,
-            class_names=tuple(info.features["label"].names),
-        )
-        return dataset, spec
-    shift_option = {} if shift is None else {"max_shift": shift}
-    if name == "multi_mnist":
-        from capsnet_tf.data.multimnist import make_multimnist_dataset
-
-        return make_multimnist_dataset(
-            split,
-            batch_size,
-            training=training,
-            seed=seed,
-            test_pairs_per_image=test_pairs_per_image,
-            data_dir=data_dir,
-            reconstruction=reconstruction,
-            take=take,
-            **shift_option,
-        )
-    if name == "expanded_mnist":
-        from capsnet_tf.data.affnist import make_expanded_mnist_dataset
-
-        return make_expanded_mnist_dataset(
-            split,
-            batch_size,
-            training=training,
-            seed=seed,
-            data_dir=data_dir,
-            reconstruction=reconstruction,
-            take=take,
-            **shift_option,
-        )
-    if name == "affnist":
-        if split != "test":
-            raise ValueError(
-                "affNIST is a test set only (train on expanded_mnist). "
-                f"Received: split={split!r}"
-            )
-        from capsnet_tf.data.affnist import make_affnist_dataset
-
-        return make_affnist_dataset(
-            batch_size,
-            seed=seed,
-            data_dir=data_dir,
-            path=affnist_path,
-            reconstruction=reconstruction,
-            take=take,
-        )
-    if name == "cifar10":
-        from capsnet_tf.data.cifar10 import make_cifar10_dataset
-
-        if reconstruction:
-            raise ValueError(
-                "CIFAR-10 is trained without reconstruction, as in the official "
-                "release (remake=false): pass reconstruction=False (--noreconstruction)."
-            )
-        return make_cifar10_dataset(
-            split, batch_size, training=training, seed=seed, data_dir=data_dir, take=take
-        )
-    from capsnet_tf.data.smallnorb import make_smallnorb_dataset
-
-    return make_smallnorb_dataset(
-        split,
-        batch_size,
-        training=training,
-        seed=seed,
-        data_dir=data_dir,
-        reconstruction=reconstruction,
-        take=take,
+    loader = _load_image_folder if name == IMAGE_FOLDER else LOADERS.get(name, _load_tfds_images)
+    return loader(
+        name, split, batch_size, training, seed=seed, shift=shift, data_dir=data_dir,
+        reconstruction=reconstruction, take=take, test_pairs_per_image=test_pairs_per_image,
+        affnist_path=affnist_path, image_folder=image_folder, image_size=image_size,
+        test_fraction=test_fraction, shift_mode=shift_mode,
+        augment={"shift": (shift or 0) if training else 0, "horizontal_flip": horizontal_flip},
     )
 
 
