@@ -59,6 +59,7 @@ import tensorflow as tf
 
 import capsnet_tf
 from capsnet_tf.kernels import use_kernels
+from capsnet_tf.serving_checks import checked_decode_inputs, checked_images
 
 __all__ = [
     "DATASET_CLASS_NAMES",
@@ -136,9 +137,119 @@ def _inference_model(model):
     return model
 
 
-def _check(condition, message, *values):
-    """An in-graph assertion, for a `tf.control_dependencies` scope."""
-    return tf.debugging.Assert(condition, [message, *values], summarize=8)
+def _checked_class_names(class_names, num_classes):
+    """One name per class, as strings (default `"0"`, `"1"`, ...).
+
+    Raises:
+        ValueError: another number of names, or a name with a newline.
+    """
+    if class_names is None:
+        class_names = [str(index) for index in range(num_classes)]
+    class_names = [str(name) for name in class_names]
+    if len(class_names) != num_classes or any("\n" in name for name in class_names):
+        raise ValueError(
+            f"`class_names` must hold {num_classes} names without newlines. "
+            f"Received: {class_names!r}"
+        )
+    return class_names
+
+
+def _serving_functions(inference, info):
+    """The Python functions behind the signatures: `serving_default`, `serving_float`,
+    `decode` (None without a decoder) and `predict`."""
+    image_shape = tuple(info["image_shape"])
+    num_classes, capsule_dim = info["num_classes"], info["capsule_dim"]
+    has_decoder = info["has_decoder"]
+    decoder = inference.get_layer("decoder") if has_decoder else None
+
+    def outputs_for(images):
+        # float32 outputs even for a model built under a mixed-precision policy.
+        outputs = {
+            key: tf.cast(value, tf.float32)
+            for key, value in inference(images, training=False).items()
+        }
+        lengths = outputs["length"]
+        result = {
+            "probabilities": lengths,
+            "class_ids": tf.argmax(lengths, axis=-1, output_type=tf.int32),
+            "capsules": outputs["capsules"],
+        }
+        if has_decoder:
+            result["reconstruction"] = outputs["reconstruction"]
+        return result
+
+    def serving_default(images):
+        images = checked_images(images, image_shape, "serving_default", "uint8")
+        return outputs_for(tf.cast(images, tf.float32) / 255.0)
+
+    def serving_float(images):
+        return outputs_for(checked_images(images, image_shape, "serving_float", "float32"))
+
+    def decode(capsules, class_ids):
+        capsules, class_ids = checked_decode_inputs(capsules, class_ids, num_classes,
+                                                     capsule_dim)
+        mask = tf.one_hot(class_ids, num_classes, dtype=capsules.dtype)
+        reconstruction = decoder(capsules * mask[..., None], training=False)
+        return {"reconstruction": tf.cast(reconstruction, tf.float32)}
+
+    def predict(images):
+        if images.shape.rank == 3:
+            images = images[..., None]
+        if images.dtype == tf.uint8:
+            return serving_default(images)
+        return serving_float(images)
+
+    return serving_default, serving_float, decode if has_decoder else None, predict
+
+
+def _traced_module(functions, info, kernels):
+    """`(module, signatures)`: the functions traced with `kernels` on a trackable module."""
+    serving_default, serving_float, decode, predict = functions
+    image_shape = tuple(info["image_shape"])
+    num_classes, capsule_dim = info["num_classes"], info["capsule_dim"]
+    module = tf.__internal__.tracking.AutoTrackable()
+    spec = (None,) + image_shape
+    module.serving_default = tf.function(
+        serving_default,
+        input_signature=[tf.TensorSpec(spec, tf.uint8, name="images")],
+        autograph=False,
+    )
+    module.serving_float = tf.function(
+        serving_float,
+        input_signature=[tf.TensorSpec(spec, tf.float32, name="images")],
+        autograph=False,
+    )
+    signatures = {
+        "serving_default": module.serving_default,
+        "serving_float": module.serving_float,
+    }
+    if decode is not None:
+        module.decode = tf.function(
+            decode,
+            input_signature=[
+                tf.TensorSpec((None, num_classes, capsule_dim), tf.float32, name="capsules"),
+                tf.TensorSpec((None,), tf.int32, name="class_ids"),
+            ],
+            autograph=False,
+        )
+        signatures["decode"] = module.decode
+    module.predict = tf.function(predict, autograph=False)
+    with use_kernels(kernels):  # every trace happens here
+        concrete = [function.get_concrete_function() for function in signatures.values()]
+        for dtype in (tf.uint8, tf.float32):
+            concrete.append(module.predict.get_concrete_function(tf.TensorSpec(spec, dtype)))
+            if image_shape[-1] == 1:
+                concrete.append(
+                    module.predict.get_concrete_function(tf.TensorSpec(spec[:-1], dtype))
+                )
+    # Track the variables the functions capture (not only Keras' wrappers), as
+    # keras.export.ExportArchive does: TFLite's converter then freezes them.
+    captured = {}
+    for function in concrete:
+        for variable in function.variables:
+            captured.setdefault(id(variable), variable)
+    module.variables = list(captured.values())
+    return module, signatures
 
 
 def make_serving_module(model, class_names=None, kernels="portable"):
@@ -169,167 +280,16 @@ def make_serving_module(model, class_names=None, kernels="portable"):
     (['decode', 'serving_default', 'serving_float'], [12, 12, 1])
     """
     inference = _inference_model(model)
-    image_shape = tuple(int(size) for size in inference.inputs[0].shape[1:])
     _, num_classes, capsule_dim = inference.output["capsules"].shape
-    has_decoder = "reconstruction" in inference.output
-    if class_names is None:
-        class_names = [str(index) for index in range(num_classes)]
-    class_names = [str(name) for name in class_names]
-    if len(class_names) != num_classes or any("\n" in name for name in class_names):
-        raise ValueError(
-            f"`class_names` must hold {num_classes} names without newlines. "
-            f"Received: {class_names!r}"
-        )
-    decoder = inference.get_layer("decoder") if has_decoder else None
-    shape_text = f"[batch, {', '.join(str(size) for size in image_shape)}]"
-
-    def checked_images(images, name, dtype_text):
-        """Refuses wrong shapes (and float values outside [0, 1]) before the model runs."""
-        shape = tf.shape(images)
-        # Padding keeps the slice valid for inputs of lower rank.
-        padded = tf.concat([shape, tf.zeros([4], tf.int32)], axis=0)
-        checks = [
-            _check(
-                tf.logical_and(
-                    tf.equal(tf.size(shape), 4),
-                    tf.reduce_all(tf.equal(padded[1:4], image_shape)),
-                ),
-                f"{name} expects {dtype_text} images of shape {shape_text}; "
-                "received shape",
-                shape,
-            )
-        ]
-        if images.dtype != tf.uint8:
-            checks.append(
-                _check(
-                    tf.reduce_all((images >= 0.0) & (images <= 1.0)),
-                    f"{name} expects float32 pixel values in [0, 1] (send uint8 "
-                    "images in [0, 255] to serving_default); received values in",
-                    tf.reduce_min(images),
-                    tf.reduce_max(images),
-                )
-            )
-        with tf.control_dependencies(checks):
-            images = tf.identity(images)
-        return tf.ensure_shape(images, (None,) + image_shape)
-
-    def outputs_for(images):
-        # float32 outputs even for a model built under a mixed-precision policy.
-        outputs = {
-            key: tf.cast(value, tf.float32)
-            for key, value in inference(images, training=False).items()
-        }
-        lengths = outputs["length"]
-        result = {
-            "probabilities": lengths,
-            "class_ids": tf.argmax(lengths, axis=-1, output_type=tf.int32),
-            "capsules": outputs["capsules"],
-        }
-        if has_decoder:
-            result["reconstruction"] = outputs["reconstruction"]
-        return result
-
-    def serving_default(images):
-        images = checked_images(images, "serving_default", "uint8")
-        return outputs_for(tf.cast(images, tf.float32) / 255.0)
-
-    def serving_float(images):
-        return outputs_for(checked_images(images, "serving_float", "float32"))
-
-    def decode(capsules, class_ids):
-        shape = tf.shape(capsules)
-        padded = tf.concat([shape, tf.zeros([3], tf.int32)], axis=0)
-        checks = [
-            _check(
-                tf.logical_and(
-                    tf.equal(tf.size(shape), 3),
-                    tf.reduce_all(tf.equal(padded[1:3], [num_classes, capsule_dim])),
-                ),
-                f"decode expects float32 capsules of shape [batch, {num_classes}, "
-                f"{capsule_dim}]; received shape",
-                shape,
-            ),
-            _check(
-                tf.logical_and(
-                    tf.equal(tf.rank(class_ids), 1),
-                    tf.equal(tf.size(class_ids), padded[0]),
-                ),
-                "decode expects int32 class_ids of shape [batch] matching the "
-                "capsules' batch; received shapes",
-                tf.shape(class_ids),
-                shape,
-            ),
-            _check(
-                tf.reduce_all((class_ids >= 0) & (class_ids < num_classes)),
-                f"decode expects class_ids in [0, {num_classes}); received",
-                class_ids,
-            ),
-        ]
-        with tf.control_dependencies(checks):
-            capsules = tf.identity(capsules)
-            class_ids = tf.identity(class_ids)
-        capsules = tf.ensure_shape(capsules, (None, num_classes, capsule_dim))
-        mask = tf.one_hot(class_ids, num_classes, dtype=capsules.dtype)
-        reconstruction = decoder(capsules * mask[..., None], training=False)
-        return {"reconstruction": tf.cast(reconstruction, tf.float32)}
-
-    def predict(images):
-        if images.shape.rank == 3:
-            images = images[..., None]
-        if images.dtype == tf.uint8:
-            return serving_default(images)
-        return serving_float(images)
-
-    module = tf.__internal__.tracking.AutoTrackable()
-    spec = (None,) + image_shape
-    module.serving_default = tf.function(
-        serving_default,
-        input_signature=[tf.TensorSpec(spec, tf.uint8, name="images")],
-        autograph=False,
-    )
-    module.serving_float = tf.function(
-        serving_float,
-        input_signature=[tf.TensorSpec(spec, tf.float32, name="images")],
-        autograph=False,
-    )
-    signatures = {
-        "serving_default": module.serving_default,
-        "serving_float": module.serving_float,
-    }
-    if has_decoder:
-        module.decode = tf.function(
-            decode,
-            input_signature=[
-                tf.TensorSpec((None, num_classes, capsule_dim), tf.float32, name="capsules"),
-                tf.TensorSpec((None,), tf.int32, name="class_ids"),
-            ],
-            autograph=False,
-        )
-        signatures["decode"] = module.decode
-    module.predict = tf.function(predict, autograph=False)
-    with use_kernels(kernels):  # every trace happens here
-        concrete = [function.get_concrete_function() for function in signatures.values()]
-        for dtype in (tf.uint8, tf.float32):
-            concrete.append(module.predict.get_concrete_function(tf.TensorSpec(spec, dtype)))
-            if image_shape[-1] == 1:
-                concrete.append(
-                    module.predict.get_concrete_function(tf.TensorSpec(spec[:-1], dtype))
-                )
-    # Track the variables the functions capture (not only Keras' wrappers), as
-    # keras.export.ExportArchive does: TFLite's converter then freezes them.
-    captured = {}
-    for function in concrete:
-        for variable in function.variables:
-            captured.setdefault(id(variable), variable)
-    module.variables = list(captured.values())
     info = {
-        "image_shape": list(image_shape),
+        "image_shape": [int(size) for size in inference.inputs[0].shape[1:]],
         "num_classes": int(num_classes),
         "capsule_dim": int(capsule_dim),
-        "class_names": class_names,
-        "has_decoder": has_decoder,
+        "class_names": _checked_class_names(class_names, num_classes),
+        "has_decoder": "reconstruction" in inference.output,
         "kernels": kernels,
     }
+    module, signatures = _traced_module(_serving_functions(inference, info), info, kernels)
     return module, signatures, info
 
 
