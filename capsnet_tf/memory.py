@@ -8,7 +8,8 @@ the image's area: the votes `u_hat` hold `batch x primary capsules x classes x
 `estimate_training_memory` counts, from the layer sizes alone, the bytes that
 a training step holds at its peak, so that a script can say before building
 the model whether a configuration fits (`check_fits`) and which options bring
-it down (`MEMORY_OPTIONS`).
+it down (`MEMORY_OPTIONS`, configuration fields that a script names as its
+flags: `InsufficientMemoryError.describe`).
 
 What is counted (float32, 4 bytes a value; the batch's share is per example):
 
@@ -70,6 +71,7 @@ __all__ = [
     "check_run_memory",
     "estimate_run_memory",
     "estimate_training_memory",
+    "field_setting",
     "format_bytes",
     "pipeline_bytes",
 ]
@@ -79,22 +81,66 @@ __all__ = [
 # tensors (benchmarks/memory/measure.py --baseline; results.json there).
 TENSORFLOW_BASELINE_BYTES = 771 * 2**20
 
-# The options of experiments/mnist.py that shrink a training step, in the
-# order worth trying.
+# The configuration fields (`ExperimentConfig`) that shrink a training step,
+# in the order worth trying: `(field, the setting that helps or None, why)`.
+# A script names them as its flags (`InsufficientMemoryError.describe`).
 MEMORY_OPTIONS = (
-    "--batch_size (the activations scale with it)",
-    "--stem_layers=1 or 2 (each stride-2 stem convolution divides the primary capsules by ~4)",
-    "--primary_strides=3 or 4 (fewer PrimaryCaps positions)",
-    "--image_size (resize the images)",
-    "--primary_capsule_types (fewer capsules per position)",
-    "--noreconstruction (no decoder: saves its H*W*C*1024 weights)",
+    ("batch_size", None, "the activations scale with it"),
+    ("stem_layers", "1 or 2",
+     "each stride-2 stem convolution divides the primary capsules by ~4"),
+    ("primary_strides", "3 or 4", "fewer PrimaryCaps positions"),
+    ("image_size", None, "resize the images"),
+    ("primary_capsule_types", None, "fewer capsules per position"),
+    ("reconstruction", False, "no decoder: saves its H*W*C*1024 weights"),
 )
 
 _FLOAT = 4
 
 
+def field_setting(field, setting):
+    """A configuration field and the setting that helps: `stem_layers=1 or 2`, `batch_size`."""
+    return field if setting is None else f"{field}={setting}"
+
+
 class InsufficientMemoryError(ValueError):
-    """A configuration needs more memory than the machine has."""
+    """A configuration needs more memory than the machine has.
+
+    Its message names the options of `MEMORY_OPTIONS` as configuration
+    fields; `describe(option_name)` says the same naming them otherwise
+    (a script: as its flags).
+
+    Args:
+        estimate: the `MemoryEstimate` that does not fit.
+        available: the bytes available.
+        source: where `available` comes from.
+    """
+
+    def __init__(self, estimate, available, source):
+        self.estimate, self.available, self.source = estimate, available, source
+        super().__init__(self.describe())
+
+    def __reduce__(self):
+        return type(self), (self.estimate, self.available, self.source)
+
+    def describe(self, option_name=field_setting):
+        """The message in one line, each option of `MEMORY_OPTIONS` named by `option_name`.
+
+        Args:
+            option_name: `(field, setting) -> text`, e.g. `--stem_layers=1 or 2`
+                for a script's flags (`setting` None: any smaller value;
+                False: the option off).
+        """
+        estimate = self.estimate
+        options = "; ".join(
+            f"{option_name(field, setting)} ({why})" for field, setting, why in MEMORY_OPTIONS
+        )
+        return (
+            f"This configuration needs about {format_bytes(estimate.total)} for a training "
+            f"step at batch size {estimate.batch_size} ({estimate.primary_capsules:,} primary "
+            f"capsules; votes and routing {format_bytes(_routing_part(estimate))}), but "
+            f"{format_bytes(self.available)} is available ({self.source}). Bring it down "
+            f"with: {options}."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,68 +218,15 @@ def estimate_training_memory(
         TypeError: an argument that `CapsNet` does not take.
     """
     arguments = _capsnet_arguments(capsnet_arguments)
-    stem_layers, stem_filters = arguments["stem_layers"], arguments["stem_filters"]
-    conv_filters, conv_kernel_size = arguments["conv_filters"], arguments["conv_kernel_size"]
-    primary_capsule_types = arguments["primary_capsule_types"]
-    primary_capsule_dim = arguments["primary_capsule_dim"]
-    primary_kernel_size = arguments["primary_kernel_size"]
-    primary_strides, padding = arguments["primary_strides"], arguments["padding"]
-    capsule_dim, routing_iterations = arguments["capsule_dim"], arguments["routing_iterations"]
-    decoder_units, reconstruction = arguments["decoder_units"], arguments["reconstruction"]
-    height, width, channels = (int(size) for size in image_shape)
     stem, conv, grid, primary = capsule_counts(
-        image_shape, stem_layers, conv_kernel_size, primary_capsule_types,
-        primary_kernel_size, primary_strides, padding,
+        image_shape, arguments["stem_layers"], arguments["conv_kernel_size"],
+        arguments["primary_capsule_types"], arguments["primary_kernel_size"],
+        arguments["primary_strides"], arguments["padding"],
     )
-    pixels = height * width * channels
-    # === Parameters ===
-    params = 0
-    in_channels = channels
-    for _ in stem:
-        params += 9 * in_channels * stem_filters + stem_filters
-        in_channels = stem_filters
-    params += conv_kernel_size**2 * in_channels * conv_filters + conv_filters
-    primary_filters = primary_capsule_types * primary_capsule_dim
-    params += primary_kernel_size**2 * conv_filters * primary_filters + primary_filters
-    capsule_kernel = primary * num_classes * primary_capsule_dim * capsule_dim
-    params += capsule_kernel + num_classes * capsule_dim
-    if reconstruction:
-        units = [num_classes * capsule_dim, *decoder_units, pixels]
-        params += sum(a * b + b for a, b in zip(units[:-1], units[1:]))
-    # === Activations of one example (values) ===
-    stem_values = sum(h * w * stem_filters for h, w in stem)
-    conv_values = conv[0] * conv[1] * conv_filters
-    patches = grid[0] * grid[1] * primary_kernel_size**2 * conv_filters
-    device = None if im2col is None else "cpu" if im2col else "accelerator"
-    primary_im2col = kernels.convolution_form(
-        "float32", padding, kernels="this_machine", device=device
-    ) != "conv"
-    # TensorFlow's CPU convolutions unfold their input (im2col) for the
-    # kernel's gradient: output positions x kernel area x input channels.
-    workspace = 0
-    in_channels = channels
-    for h, w in stem:
-        workspace += h * w * 9 * in_channels
-        in_channels = stem_filters
-    workspace += conv[0] * conv[1] * conv_kernel_size**2 * in_channels
-    votes = primary * num_classes * capsule_dim
-    routing = primary * num_classes * routing_iterations
-    decoder = sum(decoder_units) + 2 * pixels if reconstruction else 0
-    per_example = {
-        "convolutions": 2 * (stem_values + conv_values) + pixels,
-        "convolution_unfolding": workspace,
-        "primary_patches": patches if primary_im2col else 0,
-        "primary_patch_gradients": patches if primary_im2col else 0,
-        # `_col2im`'s first fold, `[batch * out_w, height, k * channels]`:
-        # it and the patch gradients it reads are held at once.
-        "primary_patch_fold": (
-            grid[1] * conv[0] * primary_kernel_size * conv_filters if primary_im2col else 0
-        ),
-        "primary_poses": 4 * primary * primary_capsule_dim,
-        "votes": 4 * votes,
-        "routing": 6 * routing,
-        "decoder": 2 * decoder,
-    }
+    params, capsule_kernel = _count_parameters(arguments, image_shape, num_classes, stem,
+                                               primary)
+    per_example = _activation_values(arguments, image_shape, num_classes, stem, conv, grid,
+                                     primary, im2col)
     parts = {
         "tensorflow": baseline_bytes,
         "weights_gradients_adam": _FLOAT * (4 * params + 2 * capsule_kernel),
@@ -252,6 +245,72 @@ def estimate_training_memory(
     return MemoryEstimate(
         parts=parts, parameters=params, primary_capsules=primary, batch_size=batch_size
     )
+
+
+def _count_parameters(arguments, image_shape, num_classes, stem, primary):
+    """`(parameters, class-capsule kernel's parameters)` of the CapsNet of `arguments`."""
+    stem_filters, conv_filters = arguments["stem_filters"], arguments["conv_filters"]
+    primary_kernel_size = arguments["primary_kernel_size"]
+    primary_capsule_dim, capsule_dim = arguments["primary_capsule_dim"], arguments["capsule_dim"]
+    height, width, channels = (int(size) for size in image_shape)
+    params = 0
+    in_channels = channels
+    for _ in stem:
+        params += 9 * in_channels * stem_filters + stem_filters
+        in_channels = stem_filters
+    params += arguments["conv_kernel_size"]**2 * in_channels * conv_filters + conv_filters
+    primary_filters = arguments["primary_capsule_types"] * primary_capsule_dim
+    params += primary_kernel_size**2 * conv_filters * primary_filters + primary_filters
+    capsule_kernel = primary * num_classes * primary_capsule_dim * capsule_dim
+    params += capsule_kernel + num_classes * capsule_dim
+    if arguments["reconstruction"]:
+        units = [num_classes * capsule_dim, *arguments["decoder_units"], height * width * channels]
+        params += sum(a * b + b for a, b in zip(units[:-1], units[1:]))
+    return params, capsule_kernel
+
+
+def _activation_values(arguments, image_shape, num_classes, stem, conv, grid, primary, im2col):
+    """`{part: values}` a training step holds for one example (see the module docstring)."""
+    stem_filters, conv_filters = arguments["stem_filters"], arguments["conv_filters"]
+    conv_kernel_size, primary_kernel_size = (
+        arguments["conv_kernel_size"], arguments["primary_kernel_size"]
+    )
+    decoder_units, reconstruction = arguments["decoder_units"], arguments["reconstruction"]
+    height, width, channels = (int(size) for size in image_shape)
+    pixels = height * width * channels
+    stem_values = sum(h * w * stem_filters for h, w in stem)
+    conv_values = conv[0] * conv[1] * conv_filters
+    patches = grid[0] * grid[1] * primary_kernel_size**2 * conv_filters
+    device = None if im2col is None else "cpu" if im2col else "accelerator"
+    primary_im2col = kernels.convolution_form(
+        "float32", arguments["padding"], kernels="this_machine", device=device
+    ) != "conv"
+    # TensorFlow's CPU convolutions unfold their input (im2col) for the
+    # kernel's gradient: output positions x kernel area x input channels.
+    workspace = 0
+    in_channels = channels
+    for h, w in stem:
+        workspace += h * w * 9 * in_channels
+        in_channels = stem_filters
+    workspace += conv[0] * conv[1] * conv_kernel_size**2 * in_channels
+    votes = primary * num_classes * arguments["capsule_dim"]
+    routing = primary * num_classes * arguments["routing_iterations"]
+    decoder = sum(decoder_units) + 2 * pixels if reconstruction else 0
+    return {
+        "convolutions": 2 * (stem_values + conv_values) + pixels,
+        "convolution_unfolding": workspace,
+        "primary_patches": patches if primary_im2col else 0,
+        "primary_patch_gradients": patches if primary_im2col else 0,
+        # `_col2im`'s first fold, `[batch * out_w, height, k * channels]`:
+        # it and the patch gradients it reads are held at once.
+        "primary_patch_fold": (
+            grid[1] * conv[0] * primary_kernel_size * conv_filters if primary_im2col else 0
+        ),
+        "primary_poses": 4 * primary * arguments["primary_capsule_dim"],
+        "votes": 4 * votes,
+        "routing": 6 * routing,
+        "decoder": 2 * decoder,
+    }
 
 
 def _capsnet_arguments(overrides):
@@ -351,13 +410,7 @@ def check_fits(estimate, available=None, source="MemAvailable"):
             return
     if estimate.total <= available:
         return
-    raise InsufficientMemoryError(
-        f"This configuration needs about {format_bytes(estimate.total)} for a training step "
-        f"at batch size {estimate.batch_size} ({estimate.primary_capsules:,} primary "
-        f"capsules; votes and routing {format_bytes(_routing_part(estimate))}), but "
-        f"{format_bytes(available)} is available ({source}). Bring it down with: "
-        + "; ".join(MEMORY_OPTIONS) + "."
-    )
+    raise InsufficientMemoryError(estimate, available, source)
 
 
 def estimate_run_memory(config, spec, test_examples=0):

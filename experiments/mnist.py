@@ -252,6 +252,14 @@ def _own_info_only(record):
     return record.levelno >= std_logging.WARNING or record.pathname.startswith(own)
 
 
+def option_flag(field, setting=None):
+    """A configuration field as this script's flag: `--batch_size`, `--stem_layers=1 or 2`,
+    `--noreconstruction` (`setting` False)."""
+    if setting is False:
+        return f"--no{field}"
+    return f"--{field}" if setting is None else f"--{field}={setting}"
+
+
 def configuration_summary(config, workdir, precision=None):
     """One short paragraph: the options that differ from the defaults, and where the rest is.
 
@@ -287,6 +295,7 @@ def main(argv):
     from capsnet_tf.callbacks import CheckpointWriteError, TrainingInterrupted
     from capsnet_tf.data import DatasetNotFoundError
     from capsnet_tf.extras import MissingDependencyError
+    from capsnet_tf.memory import InsufficientMemoryError
     from capsnet_tf.runlock import WorkdirBusyError
     from capsnet_tf.training import (
         IncompatibleWorkdirError,
@@ -317,6 +326,8 @@ def main(argv):
         print("Interrupted outside the training steps; every file written is complete. The "
               "same command continues the run from its last backup.", file=sys.stderr)
         sys.exit(130)
+    except InsufficientMemoryError as error:  # the options that help, as this script's flags
+        sys.exit(f"error: {error.describe(option_flag)}")
     except (
         CheckpointWriteError, DatasetNotFoundError, IncompatibleWorkdirError,
         MissingDependencyError, WorkdirBusyError, ValueError,

@@ -10,6 +10,7 @@ script into `benchmarks/memory/results.json`, not here: they take minutes.
 import importlib.util
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -139,8 +140,17 @@ def test_a_step_that_cannot_fit_is_refused_in_one_line(monkeypatch):
     assert "\n" not in message
     assert f"needs about {estimate.total / 2**30:.2f} GiB" in message
     assert "8.00 GiB is available (MemAvailable)" in message
-    for option in ("--batch_size", "--stem_layers", "--primary_strides", "--image_size"):
-        assert option in message
+    # The library names configuration fields; a script names them as its flags.
+    assert "Bring it down with: batch_size (the activations scale with it); stem_layers=1 or 2 (" \
+        in message
+    assert message.endswith("; reconstruction=False (no decoder: saves its H*W*C*1024 weights).")
+    assert "--" not in message
+    flags = error.value.describe(lambda field, setting: f"<{field} {setting}>")
+    assert flags.startswith(message.split("Bring it down")[0])
+    for option in ("<batch_size None> (", "; <stem_layers 1 or 2> (", "; <image_size None> (",
+                   "; <reconstruction False> (no decoder"):
+        assert option in flags
+    assert str(pickle.loads(pickle.dumps(error.value))) == message
     check_fits(estimate_training_memory((28, 28, 1), 10, 128), available=8 * 2**30)
     monkeypatch.setenv("CAPSNET_MEMORY_LIMIT", "1G")
     limited = r"1.00 GiB is available \(\$CAPSNET_MEMORY_LIMIT\)"
