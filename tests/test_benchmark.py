@@ -158,6 +158,7 @@ def test_importing_capsnet_tf_changes_no_environment_variable():
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN's x86 CPU kernels")
 @pytest.mark.parametrize("setting, expected", [("1", "True"), ("0", "False")])
+@pytest.mark.large
 def test_onednn_follows_the_variable_set_before_tensorflow(setting, expected):
     """What the scripts set before TensorFlow loads is what `cpu.onednn_enabled` reports."""
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": setting}
@@ -185,6 +186,7 @@ def test_scripts_ask_for_onednn_before_tensorflow_loads(script):
     assert setting is not None and (loads is None or setting < loads)
 
 
+@pytest.mark.large
 def test_unknown_section_is_refused(tmp_path):
     done = subprocess.run(
         [sys.executable, SCRIPT, f"--output_dir={tmp_path}", "--sections=train,speed"],

@@ -212,6 +212,7 @@ def test_bad_combinations_stop_before_anything_is_written(tmp_path, monkeypatch)
         assert not workdir.exists()
 
 
+@pytest.mark.large
 def test_script_flags_reach_the_configuration(tmp_path, monkeypatch):
     from absl.testing import flagsaver
 

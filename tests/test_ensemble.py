@@ -92,6 +92,7 @@ def test_ensemble_scores_mean_and_sum_against_numpy():
     np.testing.assert_allclose(ensemble_scores(members[0], images), expected[0], rtol=1e-5)
 
 
+@pytest.mark.large
 def test_evaluate_ensemble_matches_numpy_accuracies():
     members = []
     for seed in (4, 5, 6):

@@ -120,9 +120,8 @@ FLAG_ERRORS = {
 }
 
 
-# Two cases (absl's own check, then the configuration's) in the default tier;
-# each is a script run of a few seconds.
-QUICK_FLAG_ERRORS = ("unknown flag", "zero learning rate")
+# One case in the default tier; each is a script run of a few seconds.
+QUICK_FLAG_ERRORS = ("unknown flag",)
 
 
 @pytest.mark.parametrize("case", [
@@ -154,6 +153,7 @@ def test_work_directory_of_another_model_is_refused_unless_overwrite(tfds_data_d
     assert json.load(open(os.path.join(workdir, "config.json")))["primary_capsule_types"] == 2
 
 
+@pytest.mark.large
 def test_missing_tfds_data_set_names_the_directory(workdir, tmp_path):
     before = snapshot(workdir)
     empty = tmp_path / "empty_tfds"
@@ -188,6 +188,7 @@ def test_truncated_checkpoint_is_named_by_export(workdir, tmp_path):
     assert not os.path.exists(tmp_path / "serving" / "1")
 
 
+@pytest.mark.large
 def test_export_of_a_directory_that_is_not_a_run(tmp_path):
     result = run(EXPORT, [f"--workdir={tmp_path / 'nothing'}",
                           f"--export_dir={tmp_path / 'serving'}"])
