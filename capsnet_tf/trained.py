@@ -23,8 +23,8 @@ SavedModel (`capsnet_tf.export`). `open_capsnet` turns any of them into a
 
 Each also says what it is: `num_classes`, `capsule_dim`, `image_shape`,
 `reconstruction` (has a decoder), `source` (a path or None), `class_names`
-(None when the form holds none) and `metadata` (an export's
-`capsnet_metadata.json`, else `{}`).
+and `dataset` (what it was trained on; None when the form does not say),
+and `metadata` (an export's `capsnet_metadata.json`, else `{}`).
 """
 
 import os
@@ -70,6 +70,7 @@ class TrainedCapsNet:
     image_shape = None
     reconstruction = False
     class_names = None
+    dataset = None
     metadata = {}
     routing_note = None
 
@@ -110,16 +111,23 @@ class KerasCapsNet(TrainedCapsNet):
         model: a `capsnet_tf.CapsNet`.
         source: where it was read from (a work directory, a `.keras` file).
         class_names: one name per class, when known.
+        dataset: the data set it was trained on, when known.
+
+    Raises:
+        ValueError: not a CapsNet (the baseline CNN has no capsules).
     """
 
-    def __init__(self, model, source=None, class_names=None):
-        if not callable(getattr(model, "inference_model", None)):
+    def __init__(self, model, source=None, class_names=None, dataset=None):
+        if not (callable(getattr(model, "inference_model", None))
+                and hasattr(model, "capsule_dim")):
             raise ValueError(
-                f"Expected a CapsNet (with capsules); received {type(model).__name__}."
+                f"{source or 'The model'} is a {type(model).__name__}, not a CapsNet: it has "
+                "no capsules."
             )
         self.model = model
         self.source = source
         self.class_names = None if class_names is None else list(class_names)
+        self.dataset = dataset
         inference = model.inference_model()
         # A graph per batch shape: no Python between the ops, unlike eager calls.
         self.inference = tf.function(
@@ -200,6 +208,9 @@ class SavedModelCapsNet(TrainedCapsNet):
             self.class_ids_dtype = specs[self.class_ids_key].dtype
         self.metadata = _read_metadata(self.source)
         self.class_names = self.metadata.get("class_names") or _read_labels(self.source)
+        source = self.metadata.get("source")
+        dataset = source.get("dataset") if isinstance(source, dict) else None
+        self.dataset = dataset if isinstance(dataset, str) else None
         self._routing = None
 
     def predict(self, images, batch_size=100):
@@ -317,7 +328,7 @@ def open_capsnet(model=None, *, workdir=None, checkpoint="best"):
     Raises:
         FileNotFoundError: not a finished work directory (named).
         ValueError: neither or both of `model` and `workdir`; a model without
-            capsules (the baseline CNN, a SavedModel without `serving_float`);
+            capsules (the baseline CNNs, a SavedModel without `serving_float`);
             a checkpoint that cannot be read.
 
     Example:
@@ -332,10 +343,11 @@ def open_capsnet(model=None, *, workdir=None, checkpoint="best"):
     if workdir is not None:
         from capsnet_tf.workdir import load_trained_model, read_class_names
 
-        keras_model, _ = load_trained_model(workdir, checkpoint)
+        keras_model, config = load_trained_model(workdir, checkpoint)
         return KerasCapsNet(
             keras_model, os.path.abspath(workdir),
             read_class_names(workdir, getattr(keras_model, "num_classes", None)),
+            dataset=config.dataset,
         )
     if isinstance(model, TrainedCapsNet):
         return model

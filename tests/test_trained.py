@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from capsnet_tf.export import METADATA_FILE, export_saved_model
+from capsnet_tf.models import BaselineCNN
 from capsnet_tf.routing import routing_couplings
 from capsnet_tf.trained import KerasCapsNet, SavedModelCapsNet, open_capsnet
 from tests.test_export import make_workdir, mnist_sized_model
@@ -34,8 +35,9 @@ def export_dir(model, tmp_path_factory):
     """An export whose metadata holds the model's configuration, as experiments/export.py
     writes it."""
     base = tmp_path_factory.mktemp("trained")
+    metadata = {"model_config": model.get_config(), "dataset": "letters"}
     return export_saved_model(model, str(base), class_names=list("abcdefghij"),
-                              metadata={"model_config": model.get_config()}, verify=False)
+                              metadata=metadata, verify=False)
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +74,13 @@ def test_every_form_predicts_and_draws_alike(model, export_dir, images, tmp_path
                                    err_msg=name)
     assert forms["saved_model"].class_names == list("abcdefghij")
     assert forms["keras"].class_names is None
+    assert forms["workdir"].dataset == "mnist" and forms["keras"].dataset is None
 
 
 def test_the_routing_of_an_export_is_rebuilt_from_its_metadata(model, export_dir, images):
     exported = open_capsnet(export_dir)
     assert exported.routing_model() is not None, exported.routing_note
-    assert exported.routing_note is None
+    assert exported.routing_note is None and exported.dataset == "letters"
     expected = routing_couplings(model, images[0])
     rebuilt = exported.routing_couplings(images[0])
     for key in ("couplings", "primary_lengths", "lengths"):
@@ -104,8 +107,10 @@ def test_what_is_not_a_capsnet_is_refused(model):
         open_capsnet()
     with pytest.raises(ValueError, match="exactly one"):
         open_capsnet(model, workdir="somewhere")
-    with pytest.raises(ValueError, match="Expected a CapsNet"):
+    with pytest.raises(ValueError, match="is a Sequential, not a CapsNet"):
         KerasCapsNet(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+    with pytest.raises(ValueError, match="run is a BaselineCNN, not a CapsNet"):
+        KerasCapsNet(BaselineCNN(image_shape=(28, 28, 1)), source="run")
     no_decoder = open_capsnet(mnist_sized_model(reconstruction=False))
     assert not no_decoder.reconstruction
     with pytest.raises(ValueError, match="no decoder"):
