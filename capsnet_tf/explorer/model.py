@@ -13,13 +13,13 @@ inputs, 10 class capsules and a decoder. Both give the same three operations:
   averaged over the primary capsule types of each position of the primary
   grid (6x6 for MNIST).
 
-A SavedModel has no signature that returns couplings, so for an export the
-three layers before the routing (`conv1`, `primary_capsules`,
-`class_capsules`) are rebuilt in Keras from the model configuration that
-`experiments/export.py` records in `assets/capsnet_metadata.json`, and their
-weights are copied from the SavedModel's variables by name. The rebuilt model
-must give the SavedModel's capsule lengths on a probe image, or the couplings
-are switched off with a reason (`couplings_note`) rather than drawn wrong.
+Both forms are read through the one adapter of a trained CapsNet,
+`capsnet_tf.trained.open_capsnet`: its `predict`, `decode` and routing
+model. A SavedModel has no signature that returns couplings, so for an
+export the adapter rebuilds the routing layers in Keras from the export's
+metadata and checks them against the SavedModel's capsule lengths; when it
+cannot, the couplings are switched off with its reason (`couplings_note`)
+rather than drawn wrong.
 """
 
 import os
@@ -35,11 +35,6 @@ __all__ = [
 
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
-# Layers whose weights the routing needs; their names are fixed by `CapsNet`.
-_ROUTING_LAYERS = ("conv1", "primary_capsules", "class_capsules")
-# Largest difference of capsule lengths accepted between the rebuilt Keras
-# layers and the SavedModel (float32 round-off is ~1e-7).
-_REBUILD_TOLERANCE = 1e-4
 
 
 class ModelError(ValueError):
@@ -167,7 +162,7 @@ class ExplorerModel:
         """
         if self._keras_model is None:
             return None
-        from capsnet_tf.figures.arrays import routing_couplings
+        from capsnet_tf.routing import routing_couplings
 
         image = np.asarray(image, "float32").reshape(IMAGE_SHAPE)
         return _aggregate_couplings(routing_couplings(self._keras_model, image))
@@ -205,88 +200,54 @@ def load_explorer_model(model_dir=None, workdir=None, checkpoint="best"):
 
 
 def _from_workdir(workdir, checkpoint):
-    import tensorflow as tf
+    from capsnet_tf.trained import open_capsnet
 
-    from capsnet_tf.workdir import load_trained_model
-
+    where = f"--workdir={workdir}"
     try:
-        model, config = load_trained_model(workdir, checkpoint=checkpoint)
+        capsnet = open_capsnet(workdir=workdir, checkpoint=checkpoint)
     except (FileNotFoundError, ValueError) as error:
-        raise ModelError(f"--workdir={workdir}: {error}")
-    if config.model != "capsnet" or not hasattr(model, "inference_model"):
-        raise ModelError(
-            f"--workdir={workdir} holds a CNN ({config.model}), which has no capsules."
-        )
-    _check_mnist(f"--workdir={workdir}", model.image_shape, model.num_classes, config.dataset)
-    if not model.reconstruction:
-        raise ModelError(
-            f"--workdir={workdir} has no decoder (reconstruction=False): nothing to redraw."
-        )
-    inference = model.inference_model()
-    decoder = model.get_layer("decoder")
-    classify = tf.function(lambda images: inference(images, training=False),
-                           reduce_retracing=True)
-    decode = tf.function(lambda capsules: decoder(capsules, training=False),
-                         reduce_retracing=True)
-
-    def classify_fn(images):
-        outputs = classify(tf.constant(images))
-        return outputs["length"], outputs["capsules"], outputs["reconstruction"]
-
-    def decode_fn(capsules, class_ids):  # the capsules are already masked
-        return decode(tf.constant(capsules))
-
-    return ExplorerModel(os.path.abspath(workdir), classify_fn, decode_fn, model,
-                         [str(digit) for digit in range(10)], model.capsule_dim)
+        raise ModelError(f"{where}: {error}")
+    _check_mnist(where, capsnet.image_shape, capsnet.num_classes, capsnet.dataset)
+    if not capsnet.reconstruction:
+        raise ModelError(f"{where} has no decoder (reconstruction=False): nothing to redraw.")
+    return _explorer_model(capsnet.source, capsnet, [str(digit) for digit in range(10)])
 
 
 def _from_saved_model(path):
     import tensorflow as tf
 
+    from capsnet_tf.trained import open_capsnet
+
+    where = f"--model={path}"
     try:
-        loaded = tf.saved_model.load(path)
-    except (OSError, ValueError, RuntimeError, tf.errors.OpError) as error:
-        raise ModelError(f"--model={path}: cannot load the SavedModel ({error}).")
-    signatures = dict(loaded.signatures)
-    if "serving_float" not in signatures:
-        raise ModelError(
-            f"--model={path} has no 'serving_float' signature (it has {sorted(signatures)}): "
-            "not a capsnet_tf export; export one with experiments/export.py."
-        )
-    serving = signatures["serving_float"]
-    image_shape = tuple(serving.structured_input_signature[1]["images"].shape[1:])
-    capsules_spec = serving.structured_outputs.get("capsules")
-    if capsules_spec is None:
-        raise ModelError(f"--model={path} returns no capsules: not a capsnet_tf CapsNet export.")
-    num_classes, capsule_dim = (int(size) for size in capsules_spec.shape[1:])
-    metadata = _read_metadata(path)
-    source_info = metadata.get("source") or {}
-    if not isinstance(source_info, dict):
-        source_info = {}
-    class_names = metadata.get("class_names") or _read_labels(path)
+        capsnet = open_capsnet(path)
+    except (OSError, RuntimeError, tf.errors.OpError) as error:
+        raise ModelError(f"{where}: cannot load the SavedModel ({error}).")
+    except ValueError as error:  # no serving_float signature, or no capsules
+        raise ModelError(f"{where}: {error}")
+    class_names = capsnet.class_names
     if class_names is not None:
-        _check_class_names(f"--model={path}", class_names, num_classes)
-    _check_mnist(f"--model={path}", image_shape, num_classes, source_info.get("dataset"),
-                 class_names)
-    if "decode" not in signatures:
+        _check_class_names(where, class_names, capsnet.num_classes)
+    _check_mnist(where, capsnet.image_shape, capsnet.num_classes, capsnet.dataset, class_names)
+    if not capsnet.reconstruction:
         raise ModelError(
-            f"--model={path} has no 'decode' signature: the model was exported without a "
+            f"{where} has no 'decode' signature: the model was exported without a "
             "decoder (reconstruction=False), so there is nothing to redraw."
         )
-    decode = signatures["decode"]
+    return _explorer_model(os.path.abspath(path), capsnet,
+                           class_names or [str(digit) for digit in range(10)])
+
+
+def _explorer_model(source, capsnet, class_names):
+    """An `ExplorerModel` of a checked `TrainedCapsNet` (`capsnet_tf.trained`)."""
 
     def classify_fn(images):
-        outputs = serving(images=tf.constant(images))
-        return outputs["probabilities"], outputs["capsules"], outputs["reconstruction"]
+        outputs = capsnet.predict(images)
+        return outputs["length"], outputs["capsules"], outputs["reconstruction"]
 
-    def decode_fn(capsules, class_ids):
-        return decode(capsules=tf.constant(capsules),
-                      class_ids=tf.constant(class_ids))["reconstruction"]
-
-    keras_model, note = _routing_model(loaded, source_info.get("model_config"), classify_fn)
-    return ExplorerModel(os.path.abspath(path), classify_fn, decode_fn, keras_model,
-                         class_names or [str(digit) for digit in range(10)], capsule_dim,
-                         couplings_note=note)
+    routing = capsnet.routing_model()  # rebuilt for an export; routing_note says why not
+    return ExplorerModel(source, classify_fn, capsnet.decode, routing, class_names,
+                         capsnet.capsule_dim, couplings_note=capsnet.routing_note)
 
 
 def _check_class_names(where, class_names, num_classes):
@@ -307,60 +268,3 @@ def _check_class_names(where, class_names, num_classes):
             "its metadata (assets/capsnet_metadata.json, assets/labels.txt) does not belong "
             "to this model; export it again with experiments/export.py."
         )
-
-
-def _read_metadata(path):
-    from capsnet_tf.export import load_metadata
-
-    try:
-        metadata = load_metadata(path)
-    except (OSError, ValueError):
-        return {}
-    return metadata if isinstance(metadata, dict) else {}
-
-
-def _read_labels(path):
-    labels = os.path.join(path, "assets", "labels.txt")
-    if not os.path.exists(labels):
-        return None
-    with open(labels) as file:
-        return file.read().splitlines()
-
-
-def _routing_model(loaded, model_config, classify_fn):
-    """A Keras CapsNet holding the export's routing weights, or `(None, reason)`."""
-    if not model_config:
-        return None, (
-            "The export's metadata has no model configuration (source.model_config), so "
-            "the routing cannot be rebuilt; export the run again with experiments/export.py."
-        )
-    from capsnet_tf.models import CapsNet
-
-    try:
-        model = CapsNet.from_config(dict(model_config))
-        model.inference_model()  # builds every layer
-    except (TypeError, ValueError, KeyError) as error:
-        return None, f"The export's model configuration does not rebuild ({error})."
-    saved = {variable.name.split(":")[0]: variable for variable in loaded.variables}
-    for layer_name in _ROUTING_LAYERS:
-        layer = model.get_layer(layer_name)
-        for weight in layer.weights:
-            variable = saved.get(weight.path)
-            if variable is None or tuple(variable.shape) != tuple(weight.shape):
-                return None, (
-                    f"The export has no variable {weight.path} of shape {tuple(weight.shape)}; "
-                    "the routing cannot be rebuilt from it."
-                )
-            weight.assign(variable.numpy())
-    probe = np.random.default_rng(0).random((1, *IMAGE_SHAPE)).astype("float32")
-    from capsnet_tf.figures.arrays import routing_couplings
-
-    expected = np.asarray(classify_fn(probe)[0])[0]
-    rebuilt = routing_couplings(model, probe[0])["lengths"]
-    difference = float(np.max(np.abs(expected - rebuilt)))
-    if not difference <= _REBUILD_TOLERANCE:
-        return None, (
-            f"The rebuilt routing layers disagree with the export (capsule lengths differ "
-            f"by {difference:.2g}); couplings are not shown."
-        )
-    return model, None

@@ -4,10 +4,10 @@ and confusion matrices.
 The model may be anything `capsnet_tf.trained.open_capsnet` opens: a
 training `CapsNet`, a `.keras` file or an exported SavedModel; all are read
 through that one adapter. The test images come from
-`capsnet_tf.data.samples`, the routing couplings from `capsnet_tf.routing`,
-the mosaics from `capsnet_tf.mosaics` and a run's log from
-`capsnet_tf.figures.history`; they are imported here too, where notebooks
-and the explorer found them before.
+`capsnet_tf.data.samples`, the mosaics from `capsnet_tf.mosaics` and a
+run's log from `capsnet_tf.figures.history`; they are imported here too,
+where notebooks found them before. (The routing couplings are in
+`capsnet_tf.routing`.)
 """
 
 import numpy as np
@@ -16,7 +16,6 @@ from capsnet_tf.data.samples import load_test_images
 from capsnet_tf.figures.history import learning_rates, read_training_log
 from capsnet_tf.figures.style import PERTURBATION_VALUES
 from capsnet_tf.mosaics import reconstruction_mosaic, two_colour
-from capsnet_tf.routing import routing_couplings
 from capsnet_tf.trained import open_capsnet
 
 __all__ = [
@@ -27,7 +26,6 @@ __all__ = [
     "predict",
     "read_training_log",
     "reconstruction_mosaic",
-    "routing_couplings",
     "two_colour",
 ]
 
