@@ -5,9 +5,9 @@ Free of flags, so that a notebook can call them too:
 - `arrays`: functions returning arrays (`predict`, `perturbation_grid`,
   `confusion_matrix`), through the one adapter of a trained CapsNet
   (`capsnet_tf.trained`); it also imports what moved below the figures
-  (`load_test_images` from `capsnet_tf.data.samples`, `routing_couplings`
-  from `capsnet_tf.routing`, `reconstruction_mosaic` and `two_colour` from
-  `capsnet_tf.mosaics`);
+  (`load_test_images` from `capsnet_tf.data.samples`, `reconstruction_mosaic`
+  and `two_colour` from `capsnet_tf.mosaics`); this package exports
+  `routing_couplings` from `capsnet_tf.routing` beside the figures;
 - `history`: a run's CSV log and learning rates (`read_training_log`,
   `learning_rates`);
 - `plots`: functions writing one PNG each with matplotlib
