@@ -12,7 +12,8 @@ fastest on some machine:
   the caches through all routing iterations).
 
 The layers call `conv2d` and `route_batch` and never ask what they run on:
-what depends on the machine is decided here, by two tables,
+what depends on the machine, and on the Keras backend, is decided here, by
+two tables,
 `CONVOLUTION_RULE` and `ROUTING_RULE`, which docs/performance.md repeats
 with the measurements behind each row. A table is read top down: the first
 row whose every column matches gives the form; `"*"` matches anything.
@@ -29,12 +30,22 @@ The forms are chosen when a layer is traced, so a saved trace keeps them.
   so the graph has no loop (int8 TFLite quantization calibrates every
   tensor of a loop body with one scale shared by all iterations, which the
   routing logits do not survive; `capsnet_tf.deploy.quantize_tflite`).
+
+Most forms are TensorFlow code. Under another Keras backend (JAX, PyTorch:
+`keras.backend.backend()`, the first column of both tables) the forms are
+written with `keras.ops` alone, which that backend compiles its own way:
+the convolution as `keras.ops.conv` on accelerators and as im2col and one
+matmul on CPUs (`keras_ops_conv_as_matmul`), the routing of the whole batch
+as `"keras_ops"` (`routing_form`). The device is then the one Keras
+distributes over (`device_kind`), and the kernel sets, which shape
+TensorFlow traces and exports, are not asked.
 """
 
 import collections
 import contextlib
 import threading
 
+import keras
 import numpy as np
 import tensorflow as tf
 from keras import ops
@@ -48,6 +59,7 @@ __all__ = [
     "KERNEL_SETS",
     "ROUTING_RULE",
     "RoutingPlan",
+    "backend_kind",
     "col2im",
     "conv2d",
     "conv_as_matmul",
@@ -55,6 +67,7 @@ __all__ = [
     "device_kind",
     "im2col",
     "kernels_in_use",
+    "keras_ops_conv_as_matmul",
     "patch_product",
     "route_batch",
     "routing_form",
@@ -67,37 +80,48 @@ __all__ = [
 KERNEL_SETS = ("this_machine", "portable", "straight_line")
 ANY = "*"
 
-# PrimaryCaps' convolution. Columns: the kernel set ("straight_line" counts
-# as "portable"); the device (`device_kind`); the input ("valid_static":
-# "valid" padding and a height, width and channel count known when traced);
-# the compute dtype; the CPU's bfloat16 hardware (`cpu.bfloat16_unit()`).
+# PrimaryCaps' convolution. Columns: the Keras backend (`backend_kind`); the
+# kernel set ("straight_line" counts as "portable"); the device
+# (`device_kind`); the input ("valid_static": "valid" padding and a height,
+# width and channel count known when traced); the compute dtype; the CPU's
+# bfloat16 hardware (`cpu.bfloat16_unit()`).
 CONVOLUTION_RULE = (
-    (("portable", ANY, ANY, ANY, ANY), "conv"),
-    ((ANY, "accelerator", ANY, ANY, ANY), "conv"),
-    ((ANY, ANY, "other", ANY, ANY), "conv"),
-    ((ANY, "cpu", "valid_static", "bfloat16", "amx"), "im2col_transposed"),
-    ((ANY, "cpu", "valid_static", "bfloat16", "avx512_bf16"), "im2col_backprop_input"),
-    ((ANY, "cpu", "valid_static", ANY, ANY), "im2col"),
+    (("other", ANY, "accelerator", ANY, ANY, ANY), "conv"),
+    (("other", ANY, "cpu", "valid_static", ANY, ANY), "im2col_keras_ops"),
+    (("other", ANY, ANY, ANY, ANY, ANY), "conv"),
+    (("tensorflow", "portable", ANY, ANY, ANY, ANY), "conv"),
+    (("tensorflow", ANY, "accelerator", ANY, ANY, ANY), "conv"),
+    (("tensorflow", ANY, ANY, "other", ANY, ANY), "conv"),
+    (("tensorflow", ANY, "cpu", "valid_static", "bfloat16", "amx"), "im2col_transposed"),
+    (
+        ("tensorflow", ANY, "cpu", "valid_static", "bfloat16", "avx512_bf16"),
+        "im2col_backprop_input",
+    ),
+    (("tensorflow", ANY, "cpu", "valid_static", ANY, ANY), "im2col"),
 )
 CONVOLUTION_FORMS = {
     "conv": "`keras.ops.conv`; autodiff's gradients (cuDNN's, XLA's, oneDNN's convolutions)",
     "im2col": "patches @ kernel; input gradient folded back by two 0/1 matmuls (`col2im`)",
     "im2col_transposed": "as im2col, the product computed as kernel^T @ patches^T",
     "im2col_backprop_input": "as im2col, the input gradient oneDNN's Conv2DBackpropInput",
+    "im2col_keras_ops": "patches by `keras.ops.take`, one matmul; autodiff's gradients "
+    "(a scatter-add): JAX, PyTorch",
 }
 
-# Routing over a batch. Columns: the kernel set; the device; the call
-# ("couplings": the couplings are returned; "inside_xla": traced inside an
-# XLA-compiled caller; "xla": the layer compiles its routing with XLA;
-# "inference": an inference call with an `inference_chunk_size`; "other").
+# Routing over a batch. Columns: the Keras backend; the kernel set; the
+# device; the call ("couplings": the couplings are returned; "inside_xla":
+# traced inside an XLA-compiled caller; "xla": the layer compiles its routing
+# with XLA; "inference": an inference call with an `inference_chunk_size`;
+# "other").
 ROUTING_RULE = (
-    ((ANY, ANY, "couplings"), "whole"),
-    ((ANY, ANY, "inside_xla"), "whole"),
-    (("portable", ANY, ANY), "whole"),
-    ((ANY, "accelerator", ANY), "whole"),
-    ((ANY, "cpu", "xla"), "slices"),
-    ((ANY, "cpu", "inference"), "chunks"),
-    ((ANY, "cpu", "other"), "whole"),
+    (("other", ANY, ANY, ANY), "whole"),
+    (("tensorflow", ANY, ANY, "couplings"), "whole"),
+    (("tensorflow", ANY, ANY, "inside_xla"), "whole"),
+    (("tensorflow", "portable", ANY, ANY), "whole"),
+    (("tensorflow", ANY, "accelerator", ANY), "whole"),
+    (("tensorflow", ANY, "cpu", "xla"), "slices"),
+    (("tensorflow", ANY, "cpu", "inference"), "chunks"),
+    (("tensorflow", ANY, "cpu", "other"), "whole"),
 )
 
 _SETTING = threading.local()
@@ -135,16 +159,48 @@ def straight_line_routing():
     return use_kernels("straight_line")
 
 
+def backend_kind():
+    """`"tensorflow"` under Keras's TensorFlow backend, else `"other"` (JAX, PyTorch).
+
+    Only TensorFlow runs the TensorFlow forms; every other backend gets the
+    forms written with `keras.ops` (the `other` rows at the top of each rule).
+    """
+    return "tensorflow" if keras.backend.backend() == "tensorflow" else "other"
+
+
 def device_kind():
-    """`"accelerator"` where TensorFlow sees a GPU or TPU (`cpu.accelerated()`), else `"cpu"`."""
-    return "accelerator" if cpu.accelerated() else "cpu"
+    """`"accelerator"` where the backend computes on a GPU or TPU, else `"cpu"`.
+
+    TensorFlow: whether it sees a GPU or TPU (`cpu.accelerated()`). Another
+    backend: the type of the devices Keras distributes over
+    (`keras.distribution.list_devices()`, its accelerators where it has any).
+    """
+    if backend_kind() == "tensorflow":
+        return "accelerator" if cpu.accelerated() else "cpu"
+    devices = keras.distribution.list_devices()
+    return "accelerator" if devices and not devices[0].startswith("cpu") else "cpu"
 
 
 def _first_match(rule, key):
+    """The form of the first row of `rule` that `key` matches.
+
+    A column of `key` is a value or a function giving it, called at most
+    once and only when a row asks about that column: under JAX the backend
+    column decides in the first row, and the device is never asked.
+    """
+    known = {}
+
+    def column(index):
+        if index not in known:
+            value = key[index]
+            known[index] = value() if callable(value) else value
+        return known[index]
+
     for pattern, form in rule:
-        if all(want in (ANY, have) for want, have in zip(pattern, key)):
+        if all(want == ANY or want == column(index) for index, want in enumerate(pattern)):
             return form
-    raise LookupError(f"No row of the rule matches {key}")  # pragma: no cover - ends in ANY rows
+    values = tuple(column(index) for index in range(len(key)))
+    raise LookupError(f"No row of the rule matches {values}")  # pragma: no cover
 
 
 def _set_column(kernels):
@@ -154,7 +210,9 @@ def _set_column(kernels):
 # === PrimaryCaps' convolution ===
 
 
-def convolution_form(dtype, padding="valid", static_shape=True, *, kernels=None, device=None):
+def convolution_form(
+    dtype, padding="valid", static_shape=True, *, kernels=None, device=None, backend=None
+):
     """The form `CONVOLUTION_RULE` gives a convolution (a key of `CONVOLUTION_FORMS`).
 
     Args:
@@ -164,13 +222,15 @@ def convolution_form(dtype, padding="valid", static_shape=True, *, kernels=None,
             known when traced.
         kernels: a kernel set (default: `kernels_in_use()`).
         device: `"cpu"` or `"accelerator"` (default: `device_kind()`).
+        backend: `"tensorflow"` or `"other"` (default: `backend_kind()`).
     """
     key = (
+        backend or backend_kind(),
         _set_column(kernels),
-        device or device_kind(),
+        device or device_kind,
         "valid_static" if padding == "valid" and static_shape else "other",
-        tf.as_dtype(dtype).name,
-        cpu.bfloat16_unit() or "none",
+        keras.backend.standardize_dtype(dtype),
+        lambda: cpu.bfloat16_unit() or "none",
     )
     return _first_match(CONVOLUTION_RULE, key)
 
@@ -188,9 +248,42 @@ def conv2d(inputs, kernel, strides, padding):
     form = convolution_form(inputs.dtype, padding, None not in tuple(inputs.shape[1:]))
     if form == "conv":
         return ops.conv(inputs, kernel, strides=strides, padding=padding)
+    if form == "im2col_keras_ops":
+        return keras_ops_conv_as_matmul(inputs, kernel, strides)
     # The kernel as a tensor in the compute dtype (an eager read under the
     # mixed policy gives an autocast variable, not a tensor).
     return conv_as_matmul(inputs, tf.convert_to_tensor(kernel), strides, form)
+
+
+def keras_ops_conv_as_matmul(inputs, kernel, strides):
+    """`conv2d(inputs, kernel, strides, "valid")` as im2col and one matmul, in `keras.ops`.
+
+    The form of backends other than TensorFlow on CPUs: XLA's CPU code runs
+    PrimaryCaps' strided backward-data convolution about 100 times slower
+    than this gather and matmul and their autodiff gradients
+    (docs/performance.md, "Issue 46"). The patches are gathered in row-major
+    order of the output positions, so the product is NHWC as it comes.
+
+    Args:
+        inputs: `[batch, height, width, channels]`, static spatial shape.
+        kernel: `[k, k, channels, filters]`.
+        strides: the stride (int).
+    """
+    height, width, channels = inputs.shape[1], inputs.shape[2], inputs.shape[3]
+    kernel_size, filters = kernel.shape[0], kernel.shape[3]
+    out_h = _valid_length(height, kernel_size, strides)
+    out_w = _valid_length(width, kernel_size, strides)
+    oy, ox, ky, kx = np.meshgrid(
+        np.arange(out_h), np.arange(out_w), np.arange(kernel_size), np.arange(kernel_size),
+        indexing="ij",
+    )
+    indices = ((strides * oy + ky) * width + (strides * ox + kx)).reshape(-1).astype(np.int32)
+    flat = ops.reshape(inputs, (-1, height * width, channels))
+    patches = ops.reshape(
+        ops.take(flat, indices, axis=1), (-1, kernel_size * kernel_size * channels)
+    )
+    product = ops.matmul(patches, ops.reshape(kernel, (-1, filters)))
+    return ops.reshape(product, (-1, out_h, out_w, filters))
 
 
 def _valid_length(length, kernel_size, strides):
@@ -374,14 +467,20 @@ examples at a time, one after another), from `ROUTING_RULE`.
 _MOST_ROUTING_SLICES = 16
 
 
-def routing_form(jit_compile, return_couplings, iterations):
-    """How the routing iterations run: `"loop"`, `"xla"` or `"unrolled"`.
+def routing_form(jit_compile, return_couplings, iterations, *, backend=None):
+    """How the routing iterations run: `"loop"`, `"xla"`, `"unrolled"` or `"keras_ops"`.
 
-    `"loop"`: a `tf.while_loop` (the only form that returns couplings);
-    `"xla"`: unrolled and compiled by XLA (`jit_compile`); `"unrolled"`:
-    straight-line code, under `use_kernels("straight_line")` with a python
-    int number of iterations.
+    `"keras_ops"`: written with `keras.ops` alone, the form of every backend
+    but TensorFlow (`backend_kind`; `backend` overrides it), which compiles
+    it its own way (`jit_compile` is then not asked); the iterations unrolled
+    for a python int number of them, else a `keras.ops.fori_loop`. On
+    TensorFlow: `"loop"`: a `tf.while_loop` (the only TensorFlow form that
+    returns couplings); `"xla"`: unrolled and compiled by XLA
+    (`jit_compile`); `"unrolled"`: straight-line code, under
+    `use_kernels("straight_line")` with a python int number of iterations.
     """
+    if (backend or backend_kind()) != "tensorflow":
+        return "keras_ops"
     if return_couplings:
         return "loop"
     if kernels_in_use() == "straight_line" and isinstance(iterations, int):
@@ -410,18 +509,21 @@ def routing_plan(*, training, jit_compile, return_couplings, iterations, chunk_s
         iterations: routing iterations.
         chunk_size: the layer's `inference_chunk_size` (None: no chunks).
     """
-    form = routing_form(jit_compile, return_couplings, iterations)
-    if return_couplings:
-        call = "couplings"
-    elif _in_xla_context():
-        call = "inside_xla"
-    elif form == "xla":
-        call = "xla"
-    elif not training and chunk_size is not None:
-        call = "inference"
-    else:
-        call = "other"
-    pieces = _first_match(ROUTING_RULE, (_set_column(None), device_kind(), call))
+    backend = backend_kind()
+    form = routing_form(jit_compile, return_couplings, iterations, backend=backend)
+
+    def call():
+        if return_couplings:
+            return "couplings"
+        if _in_xla_context():
+            return "inside_xla"
+        if form == "xla":
+            return "xla"
+        if not training and chunk_size is not None:
+            return "inference"
+        return "other"
+
+    pieces = _first_match(ROUTING_RULE, (backend, _set_column(None), device_kind, call))
     slices = routing_slices() if pieces == "slices" else 1
     if slices == 1 and pieces == "slices":
         pieces = "whole"

@@ -68,6 +68,12 @@ def dynamic_routing(
     the `tf.while_loop`. Under `capsnet_tf.kernels.use_kernels("straight_line")`
     the iterations are unrolled without XLA, so the graph has no loop.
 
+    Under another Keras backend than TensorFlow (JAX, PyTorch) the routing
+    is the same computation written with `keras.ops` (`capsnet_tf.kernels`
+    picks the form `"keras_ops"`): the iterations unrolled for a python int
+    `iterations`, else a `keras.ops.fori_loop`, compiled as that backend
+    compiles the caller; `jit_compile` is not asked there.
+
     Args:
         votes: `u_hat`, float tensor `[batch, output_capsules, input_capsules,
             output_dim]`: `votes[b, j, i] = u_hat_j|i`.
@@ -78,23 +84,29 @@ def dynamic_routing(
         leaky: use leaky routing (an extra zero logit that absorbs votes).
         return_couplings: also return the couplings of every iteration.
         jit_compile: compile the routing with XLA (needs a python int
-            `iterations`; ignored with `return_couplings`).
+            `iterations`; ignored with `return_couplings`; TensorFlow only).
 
     Returns:
         `v`, `[batch, output_capsules, output_dim]`; with `return_couplings`,
         `(v, couplings)` where couplings is `[batch, iterations,
         input_capsules, output_capsules]`.
     """
-    votes = tf.transpose(tf.convert_to_tensor(votes), (0, 1, 3, 2))
     form = kernels.routing_form(jit_compile, return_couplings, iterations)
+    if form == "keras_ops":
+        votes = ops.transpose(votes, (0, 1, 3, 2))
+    else:
+        votes = tf.transpose(tf.convert_to_tensor(votes), (0, 1, 3, 2))
     return _route_votes(votes, bias, iterations, leaky, return_couplings, form)
 
 
 def _route_votes(votes, bias, iterations, leaky, return_couplings, form):
     """`dynamic_routing` of votes laid out `[batch, output, dim, input]`.
 
-    `form` (`kernels.routing_form`): `"loop"`, `"xla"` or `"unrolled"`.
+    `form` (`kernels.routing_form`): `"loop"`, `"xla"`, `"unrolled"` or
+    `"keras_ops"`.
     """
+    if form == "keras_ops":
+        return _keras_ops_routing(votes, bias, iterations, leaky, return_couplings)
     if form == "unrolled":
         return _unrolled_routing(votes, bias, iterations, leaky)
     if form == "xla":
@@ -177,6 +189,60 @@ def _unrolled_routing(votes, bias, iterations, leaky):
         activation, _ = _routing_outputs(votes, bias, logits, leaky)
         logits = logits + _agreement(votes, activation)
     return _routing_outputs(votes, bias, logits, leaky)[0]
+
+
+def _keras_ops_routing(votes, bias, iterations, leaky, return_couplings):
+    """`_routing_graph` written with `keras.ops` alone: the form of every other backend.
+
+    The same computation, term for term (`_coupling`, `_routing_outputs`,
+    `_agreement`), for JAX and PyTorch, which compile it as they compile the
+    caller (`jax.jit` in `model.fit`). A python int number of iterations is
+    unrolled, keeping each iteration's couplings when asked; a tensor one
+    runs in a `keras.ops.fori_loop`, which cannot return couplings of an
+    unknown count (and which JAX differentiates only with a trip count known
+    when traced).
+    """
+
+    def outputs(logits):
+        largest = ops.max(logits, axis=1, keepdims=True)
+        if leaky:
+            largest = ops.maximum(largest, 0.0)
+        exponentials = ops.exp(logits - largest)
+        total = ops.sum(exponentials, axis=1, keepdims=True)
+        if leaky:
+            total = total + ops.exp(-largest)
+        coupling = exponentials / total
+        # s_j = sum_i c_ij u_hat_j|i: [b, j, e, i] @ [b, j, i, 1] -> [b, j, e]
+        preactivation = ops.squeeze(ops.matmul(votes, ops.expand_dims(coupling, -1)), -1)
+        if bias is not None:
+            preactivation = preactivation + bias
+        return squash(preactivation, axis=-1), coupling
+
+    def agreement(activation):
+        # <u_hat_j|i, v_j>: [b, j, 1, e] @ [b, j, e, i] -> [b, j, i]
+        return ops.squeeze(ops.matmul(ops.expand_dims(activation, 2), votes), 2)
+
+    logits = ops.zeros_like(votes[:, :, 0, :])
+    if isinstance(iterations, int) and not isinstance(iterations, bool):
+        history = []
+        for _ in range(iterations - 1):
+            activation, coupling = outputs(logits)
+            history.append(coupling)
+            logits = logits + agreement(activation)
+        activation, coupling = outputs(logits)
+        if not return_couplings:
+            return activation
+        # [b, iterations, j, i] -> [b, iterations, i, j], as `_routing_graph`
+        return activation, ops.transpose(ops.stack([*history, coupling], 1), (0, 1, 3, 2))
+    if return_couplings:
+        raise ValueError(
+            "Returning the couplings under this Keras backend needs a python int "
+            f"number of iterations. Received: iterations={iterations!r}"
+        )
+    logits = ops.fori_loop(
+        0, iterations - 1, lambda _, logits: logits + agreement(outputs(logits)[0]), logits
+    )
+    return outputs(logits)[0]
 
 
 # One trace per (iterations, leaky, return_couplings) and dtype; any batch size.
@@ -363,6 +429,8 @@ class CapsuleLayer(keras.layers.Layer):
 
     def _route(self, inputs, return_couplings, form):
         """Votes and routing for a batch of input capsules (`form`: see `_route_votes`)."""
+        if form == "keras_ops":
+            return self._route_with_keras_ops(inputs, return_couplings)
         kernel = ops.cast(self.kernel, inputs.dtype)
         if self.vote_scale != 1.0:
             kernel = kernel * ops.cast(self.vote_scale, kernel.dtype)
@@ -390,6 +458,22 @@ class CapsuleLayer(keras.layers.Layer):
         bias = None if self.bias is None else tf.cast(self.bias, votes.dtype)
         result = _route_votes(
             votes, bias, self.routing_iterations, self.leaky_routing, return_couplings, form
+        )
+        if return_couplings:
+            activation, couplings = result
+            return ops.cast(activation, inputs.dtype), couplings
+        return ops.cast(result, inputs.dtype)
+
+    def _route_with_keras_ops(self, inputs, return_couplings):
+        """`_route` with `keras.ops` alone (JAX, PyTorch): the same votes and routing."""
+        kernel = ops.cast(self.kernel, inputs.dtype)
+        if self.vote_scale != 1.0:
+            kernel = kernel * ops.cast(self.vote_scale, kernel.dtype)
+        votes = ops.einsum("bid,ijde->bjei", inputs, kernel)  # [b, j, e, i]
+        votes = ops.cast(votes, _routing_dtype(self.compute_dtype))
+        bias = None if self.bias is None else ops.cast(self.bias, votes.dtype)
+        result = _keras_ops_routing(
+            votes, bias, self.routing_iterations, self.leaky_routing, return_couplings
         )
         if return_couplings:
             activation, couplings = result
