@@ -49,7 +49,6 @@ from capsnet_tf.optimizers import FusedAdam
 from capsnet_tf.runlock import lock_workdir
 from capsnet_tf.schedules import make_schedule
 from capsnet_tf.workdir import (
-    IncompatibleWorkdirError,
     best_logged,
     check_workdir,
     last_logged,
@@ -58,7 +57,6 @@ from capsnet_tf.workdir import (
 )
 
 __all__ = [
-    "IncompatibleWorkdirError",  # what train_and_evaluate raises on another run's workdir
     "build_model",
     "compile_model",
     "accuracy_key",
@@ -452,7 +450,7 @@ def train_and_evaluate(config, workdir, overwrite=False, start_time=None):
 
     Raises:
         ValueError: invalid configuration.
-        IncompatibleWorkdirError: `workdir` holds a different model.
+        capsnet_tf.workdir.IncompatibleWorkdirError: `workdir` holds a different model.
         capsnet_tf.data.DatasetNotFoundError: the data set is missing.
         capsnet_tf.data.folder.ImageFolderError: the image folder cannot be
             trained on (missing, one class, an empty class, a file that is

@@ -298,11 +298,11 @@ def main(argv):
     from capsnet_tf.memory import InsufficientMemoryError
     from capsnet_tf.runlock import WorkdirBusyError
     from capsnet_tf.training import (
-        IncompatibleWorkdirError,
         resolve_precision,
         train_and_evaluate,
         train_ensemble,
     )
+    from capsnet_tf.workdir import IncompatibleWorkdirError
 
     if not flags.FLAGS["verbosity"].present:
         # Other libraries' INFO lines (TFDS's "Load dataset info ...") only
