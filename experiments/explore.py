@@ -75,7 +75,7 @@ def main(argv):
     from capsnet_tf.explorer import (
         ModelError,
         PortInUseError,
-        TestDigits,
+        SampleDigits,
         check_port,
         create_app,
         load_explorer_model,
@@ -88,7 +88,7 @@ def main(argv):
         require("flask", "explore", "The capsule explorer")
         check_port(_HOST.value, _PORT.value)
         model = load_explorer_model(_MODEL.value, _WORKDIR.value, _CHECKPOINT.value)
-        page = create_app(model, TestDigits(_DATA_DIR.value), host=_HOST.value,
+        page = create_app(model, SampleDigits(_DATA_DIR.value), host=_HOST.value,
                           allowed_hosts=_ALLOWED_HOSTS.value)
     except (PortInUseError, ModelError, MissingDependencyError) as error:
         sys.exit(f"error: {error}")

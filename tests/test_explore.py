@@ -187,10 +187,10 @@ def export_base(workdir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def explorer(export_base):
     pytest.importorskip("flask", reason='the explorer needs Flask: pip install -e ".[explore]"')
-    from capsnet_tf.explorer import TestDigits, create_app, load_explorer_model
+    from capsnet_tf.explorer import SampleDigits, create_app, load_explorer_model
 
     model = load_explorer_model(model_dir=str(export_base))
-    return model, create_app(model, TestDigits()).test_client()
+    return model, create_app(model, SampleDigits()).test_client()
 
 
 # --- the JSON API ---------------------------------------------------------------------

@@ -31,7 +31,7 @@ from PIL import Image
 
 pytest.importorskip("flask", reason='the explorer needs Flask: pip install -e ".[explore]"')
 
-from capsnet_tf.explorer import ExplorerModel, ModelError, TestDigits, create_app  # noqa: E402
+from capsnet_tf.explorer import ExplorerModel, ModelError, SampleDigits, create_app  # noqa: E402
 from capsnet_tf.explorer import app as explorer_app  # noqa: E402
 from tests.test_model import small_model  # noqa: E402
 
@@ -112,7 +112,7 @@ def stand_in_app(**kwargs):
     functions = StandIn()
     model = ExplorerModel("/home/someone/exports/mnist/3", functions.classify, functions.decode,
                           None, DIGITS, 16, couplings_note="stand-in")
-    digits = TestDigits(images=(np.full((5, 28, 28), 200, "uint8"), np.arange(5)))
+    digits = SampleDigits(images=(np.full((5, 28, 28), 200, "uint8"), np.arange(5)))
     return create_app(model, digits, **kwargs), functions
 
 
@@ -514,7 +514,7 @@ def test_fuzzed_requests_never_get_a_500_and_api_errors_are_json(export_dir):
     from capsnet_tf.explorer import load_explorer_model
 
     model = load_explorer_model(model_dir=str(export_dir))
-    digits = TestDigits(images=(np.random.default_rng(0).integers(0, 256, (20, 28, 28))
+    digits = SampleDigits(images=(np.random.default_rng(0).integers(0, 256, (20, 28, 28))
                                 .astype("uint8"), np.arange(20) % 10))
     client = create_app(model, digits).test_client()
     rng = random.Random(43)

@@ -347,7 +347,7 @@ def create_app(model, test_digits=None, host="127.0.0.1", allowed_hosts=(),
 
     Args:
         model: an `ExplorerModel` (`load_explorer_model`).
-        test_digits: a `TestDigits` for the "random test digit" button (None:
+        test_digits: a `SampleDigits` for the "random test digit" button (None:
             the button says that MNIST is not available).
         host: the address served; requests naming another host are refused
             (`host_checker`).

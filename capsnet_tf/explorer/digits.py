@@ -9,10 +9,10 @@ import threading
 
 import numpy as np
 
-__all__ = ["TestDigits"]
+__all__ = ["SampleDigits"]
 
 
-class TestDigits:
+class SampleDigits:
     """MNIST's test split as uint8 `[10000, 28, 28]` images and int labels.
 
     Args:
@@ -20,8 +20,6 @@ class TestDigits:
             `~/tensorflow_datasets`).
         images: optional `(images, labels)` arrays to serve instead (tests).
     """
-
-    __test__ = False  # not a pytest test class, whatever its name
 
     def __init__(self, data_dir=None, images=None):
         self.data_dir = data_dir
