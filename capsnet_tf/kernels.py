@@ -171,12 +171,19 @@ def backend_kind():
 def device_kind():
     """`"accelerator"` where the backend computes on a GPU or TPU, else `"cpu"`.
 
-    TensorFlow: whether it sees a GPU or TPU (`cpu.accelerated()`). Another
-    backend: the type of the devices Keras distributes over
-    (`keras.distribution.list_devices()`, its accelerators where it has any).
+    TensorFlow: whether it sees a GPU or TPU (`cpu.accelerated()`). JAX:
+    the type of the devices Keras distributes over
+    (`keras.distribution.list_devices()`, its accelerators where it has
+    any). PyTorch, which `keras.distribution` does not serve: whether it has
+    CUDA or MPS, where Keras puts its tensors when it does.
     """
     if backend_kind() == "tensorflow":
         return "accelerator" if cpu.accelerated() else "cpu"
+    if keras.backend.backend() == "torch":
+        import torch
+
+        accelerated = torch.cuda.is_available() or torch.backends.mps.is_available()
+        return "accelerator" if accelerated else "cpu"
     devices = keras.distribution.list_devices()
     return "accelerator" if devices and not devices[0].startswith("cpu") else "cpu"
 

@@ -8,7 +8,8 @@ cannot run in the TensorFlow process of the test suite:
 
 and compares what this script writes with its own NumPy and TensorFlow
 values. The checks compute; the assertions are the caller's. CHECK is one
-of `CHECKS`:
+of `CHECKS` (`train` and `load` also run with KERAS_BACKEND=torch where
+PyTorch is installed):
 
 - `reference`: float64 (`jax_enable_x64`) routing, couplings and
   gradients of `CapsuleLayer`, `dynamic_routing` with a tensor number of
@@ -193,11 +194,12 @@ def check_load(given):
     model = keras.saving.load_model(str(given["path"]))
     outputs = model({"image": given["images"], "label": given["labels"]}, training=False)
     inference = model.inference_model()(given["images"])
+    numpy = keras.ops.convert_to_numpy
     return {
         "backend": np.array(keras.backend.backend()),
-        "lengths": np.asarray(outputs["length"]),
-        "reconstructions": np.asarray(outputs["reconstruction"]),
-        "capsules": np.asarray(inference["capsules"]),
+        "lengths": numpy(outputs["length"]),
+        "reconstructions": numpy(outputs["reconstruction"]),
+        "capsules": numpy(inference["capsules"]),
     }
 
 
@@ -206,8 +208,9 @@ CHECKS = {"reference": check_reference, "train": check_train, "load": check_load
 
 def main(argv):
     check, source, target = argv[1:]
-    if os.environ.get("KERAS_BACKEND") != "jax":
-        raise SystemExit("Run with KERAS_BACKEND=jax.")
+    backends = ("jax",) if check == "reference" else ("jax", "torch")
+    if os.environ.get("KERAS_BACKEND") not in backends:
+        raise SystemExit(f"Run {check} with KERAS_BACKEND set to one of {backends}.")
     sys.path.insert(0, REPO_ROOT)
     with np.load(source, allow_pickle=False) as data:
         given = {key: data[key] for key in data.files}

@@ -1,4 +1,4 @@
-"""The capsule layers, losses and CapsNet under Keras's JAX backend (issue 46).
+"""The capsule layers, losses and CapsNet under Keras's JAX backend (issue 46), and PyTorch's.
 
 Under TensorFlow the layers trace the TensorFlow forms of `capsnet_tf.kernels`;
 under any other backend the first rows of its rules give forms written with
@@ -7,7 +7,8 @@ against the float64 references in this (TensorFlow) process, and, in a
 process of their own with `KERAS_BACKEND=jax` (`tests/jax_backend_checks.py`),
 the layers, a `model.fit` of the mnist.flags CapsNet and a `.keras` file
 saved here. Those are skipped where JAX is not installed, unless
-`CAPSNET_REQUIRE_JAX=1` (set by .ci/run), where they fail.
+`CAPSNET_REQUIRE_JAX=1` (set by .ci/run), where they fail. The training and
+`.keras` checks also run under PyTorch where it is installed (not in CI).
 """
 
 import importlib.util
@@ -40,16 +41,22 @@ from tests.test_primary_capsule import reference_primary_capsules
 HELPER = os.path.join(REPO_ROOT, "tests", "jax_backend_checks.py")
 
 
-def run_under_jax(check, tmp_path, **given):
-    """`tests/jax_backend_checks.py CHECK` with KERAS_BACKEND=jax: its arrays, by name."""
-    if importlib.util.find_spec("jax") is None:
+def run_under_jax(check, tmp_path, backend="jax", **given):
+    """`tests/jax_backend_checks.py CHECK` with KERAS_BACKEND=jax: its arrays, by name.
+
+    `backend="torch"` runs it under PyTorch instead, where it is installed
+    (CI does not install it: docs/layers.md says why).
+    """
+    if importlib.util.find_spec(backend) is None:
+        if backend == "torch":
+            pytest.skip("PyTorch is not installed")
         message = 'JAX is not installed: pip install -e ".[jax]"'
         if os.environ.get("CAPSNET_REQUIRE_JAX") == "1":
             pytest.fail(message)
         pytest.skip(message)
     source, target = tmp_path / f"{check}_in.npz", tmp_path / f"{check}_out.npz"
     np.savez(source, **given)
-    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run(
         [sys.executable, HELPER, check, str(source), str(target)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -258,13 +265,15 @@ def test_layers_and_losses_match_float64_references_under_jax(tmp_path):
         ((given["images"] - given["reconstructions"]) ** 2).reshape(4, -1).sum(-1), rtol=1e-6)
 
 
-def test_mnist_flags_capsnet_trains_three_steps_and_predicts_under_jax(tmp_path):
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_mnist_flags_capsnet_trains_three_steps_and_predicts_under_jax(tmp_path, backend):
     rng = np.random.default_rng(0)
     images = rng.uniform(size=(24, 28, 28, 1)).astype("float32")
     labels = rng.integers(0, 10, size=24).astype("int32")
-    got = run_under_jax("train", tmp_path, images=images, labels=labels)
-    assert str(got["backend"]) == "jax"
-    assert bool(got["jit_compile"])  # the step compiled by JAX: no TensorFlow op inside
+    got = run_under_jax("train", tmp_path, backend, images=images, labels=labels)
+    assert str(got["backend"]) == backend
+    if backend == "jax":
+        assert bool(got["jit_compile"])  # the step compiled by JAX: no TensorFlow op inside
     assert int(got["steps"]) == 3
     assert int(got["params"]) == 8_215_728  # the paper's model, as PRESETS["mnist"]
     assert "('routing_iterations', 3)" in str(got["options"])
@@ -274,7 +283,8 @@ def test_mnist_flags_capsnet_trains_three_steps_and_predicts_under_jax(tmp_path)
     assert np.isfinite(got["lengths"]).all() and (got["lengths"] < 1).all()
 
 
-def test_keras_file_saved_under_tensorflow_gives_the_same_outputs_under_jax(tmp_path):
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_keras_file_saved_under_tensorflow_gives_the_same_outputs_under_jax(tmp_path, backend):
     """Capsule lengths, capsules and reconstructions within 1e-5 (float32 on both)."""
     keras.utils.set_random_seed(3)
     model = CapsNet.from_preset("mnist", name="capsnet")
@@ -294,10 +304,10 @@ def test_keras_file_saved_under_tensorflow_gives_the_same_outputs_under_jax(tmp_
     outputs = model({"image": images, "label": labels}, training=False)
     capsules = model.inference_model()(images)["capsules"]
 
-    got = run_under_jax("load", tmp_path, path=str(path), images=images, labels=labels)
-    assert str(got["backend"]) == "jax"
+    got = run_under_jax("load", tmp_path, backend, path=str(path), images=images, labels=labels)
+    assert str(got["backend"]) == backend
     for key, want in (("lengths", outputs["length"]), ("capsules", capsules),
                       ("reconstructions", outputs["reconstruction"])):
         difference = np.abs(got[key] - np.asarray(want)).max()
-        print(f"{key}: largest difference TensorFlow - JAX {difference:.2e}")
+        print(f"{key}: largest difference TensorFlow - {backend} {difference:.2e}")
         assert difference < 1e-5, (key, difference)

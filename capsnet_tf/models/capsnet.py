@@ -1,6 +1,7 @@
 """The CapsNet of Sabour et al. (2017) as a functional Keras model."""
 
 import math
+import types
 
 import keras
 from keras import ops
@@ -47,6 +48,27 @@ PRESETS = {
         "config": {"image_shape": (36, 36, 1), "num_classes": 10, "num_targets": 2},
     },
 }
+
+
+def _capsules(parts, image):
+    """The class capsules of `image` through `parts`' stem, conv1, PrimaryCaps and DigitCaps."""
+    features = image
+    for layer in parts.stem:
+        features = layer(features)
+    return parts.class_capsules(parts.primary_capsules(parts.conv(features)))
+
+
+def _decode(parts, masked, num_targets):
+    """`parts.decoder` on each target's masked copy: `[b, k, ...]` -> `[b, k, H, W, C]`.
+
+    The `k` copies are folded into the batch, `[b * k, classes, dim]`, so
+    one decoder (the same layers and weights as for one target) sees them.
+    """
+    if num_targets == 1:
+        return parts.decoder(masked)
+    folded = ops.reshape(masked, (-1,) + tuple(masked.shape[2:]))
+    images = parts.decoder(folded)
+    return ops.reshape(images, (-1, num_targets) + tuple(images.shape[1:]))
 
 
 def _initializers(kind, stddev):
@@ -223,8 +245,12 @@ class CapsNet(keras.Model):
         precise_dtype = "float32" if low_precision else None
 
         # === Layers ===
+        # Held here until `keras.Model.__init__` has run, then set as attributes
+        # of the same names (below): under Keras's PyTorch backend a layer is a
+        # torch.nn.Module, which takes no submodule before its __init__.
+        parts = types.SimpleNamespace()
         conv_kernel, conv_bias = _initializers(initializer, 0.05)
-        self.stem = [
+        parts.stem = [
             keras.layers.Conv2D(
                 stem_filters,
                 3,
@@ -237,7 +263,7 @@ class CapsNet(keras.Model):
             )
             for index in range(stem_layers)
         ]
-        self.conv = keras.layers.Conv2D(
+        parts.conv = keras.layers.Conv2D(
             conv_filters,
             conv_kernel_size,
             padding=padding,
@@ -247,7 +273,7 @@ class CapsNet(keras.Model):
             name="conv1",
         )
         primary_kernel, primary_bias = _initializers(initializer, 0.1)
-        self.primary_capsules = PrimaryCapsule(
+        parts.primary_capsules = PrimaryCapsule(
             num_capsule_types=primary_capsule_types,
             capsule_dim=primary_capsule_dim,
             kernel_size=primary_kernel_size,
@@ -270,7 +296,7 @@ class CapsNet(keras.Model):
         capsule_kernel, capsule_bias = _initializers(initializer, 0.1)
         if initializer == "keras":
             capsule_kernel = None  # CapsuleLayer's own default
-        self.class_capsules = CapsuleLayer(
+        parts.class_capsules = CapsuleLayer(
             num_capsules=num_classes,
             capsule_dim=capsule_dim,
             routing_iterations=routing_iterations,
@@ -286,9 +312,9 @@ class CapsNet(keras.Model):
             dtype=precise_dtype,
             name="class_capsules",
         )
-        self.length = Length(dtype=precise_dtype, name="length")
+        parts.length = Length(dtype=precise_dtype, name="length")
         if reconstruction:
-            self.mask = Mask(num_targets=None if num_targets == 1 else num_targets, name="mask")
+            parts.mask = Mask(num_targets=None if num_targets == 1 else num_targets, name="mask")
             decoder_layers = [keras.layers.Flatten()]
             for units in decoder_units:
                 kernel, bias = _initializers(initializer, 0.1)
@@ -308,19 +334,21 @@ class CapsNet(keras.Model):
                 ),
                 keras.layers.Reshape(image_shape, dtype=precise_dtype),
             ]
-            self.decoder = keras.Sequential(decoder_layers, name="decoder")
+            parts.decoder = keras.Sequential(decoder_layers, name="decoder")
 
         # === Functional Model ===
         image = keras.Input(shape=image_shape, name="image")
         inputs = {"image": image}
-        capsules = self._capsules(image)
-        outputs = {"length": self.length(capsules)}
+        capsules = _capsules(parts, image)
+        outputs = {"length": parts.length(capsules)}
         if reconstruction:
             label_shape = () if num_targets == 1 else (num_targets,)
             label = keras.Input(shape=label_shape, dtype="int32", name="label")
             inputs["label"] = label
-            outputs["reconstruction"] = self._decode(self.mask(capsules, label), num_targets)
+            outputs["reconstruction"] = _decode(parts, parts.mask(capsules, label), num_targets)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        for name, layer in vars(parts).items():  # stem, conv, ..., in the order built
+            setattr(self, name, layer)
 
         # === Config ===
         self.image_shape = image_shape
@@ -346,22 +374,10 @@ class CapsNet(keras.Model):
         self.routing_jit_compile = routing_jit_compile
 
     def _capsules(self, image):
-        features = image
-        for layer in self.stem:
-            features = layer(features)
-        return self.class_capsules(self.primary_capsules(self.conv(features)))
+        return _capsules(self, image)
 
     def _decode(self, masked, num_targets):
-        """The decoder on each target's masked copy: `[b, k, ...]` -> `[b, k, H, W, C]`.
-
-        The `k` copies are folded into the batch, `[b * k, classes, dim]`, so
-        one decoder (the same layers and weights as for one target) sees them.
-        """
-        if num_targets == 1:
-            return self.decoder(masked)
-        folded = ops.reshape(masked, (-1,) + tuple(masked.shape[2:]))
-        images = self.decoder(folded)
-        return ops.reshape(images, (-1, num_targets) + tuple(images.shape[1:]))
+        return _decode(self, masked, num_targets)
 
     def inference_model(self, name=None):
         """A model sharing this model's weights that takes the image alone.
