@@ -196,6 +196,7 @@ def explorer(export_base):
 # --- the JSON API ---------------------------------------------------------------------
 
 
+@pytest.mark.large
 def test_info_describes_the_model(explorer, export_base):
     model, client = explorer
     info = client.get("/api/info").get_json()
@@ -209,6 +210,7 @@ def test_info_describes_the_model(explorer, export_base):
     assert client.get("/static/explorer.js").status_code == 200
 
 
+@pytest.mark.large
 def test_a_test_digit_is_classified_as_its_label_with_couplings(explorer, tfds_data_dir):
     _, client = explorer
     images, labels = mnist_arrays("test", DIGIT + 1)
@@ -227,6 +229,7 @@ def test_a_test_digit_is_classified_as_its_label_with_couplings(explorer, tfds_d
     assert np.abs(couplings[-1] - 0.1).max() > 1e-3  # and agreement moves it
 
 
+@pytest.mark.large
 def test_classify_gives_the_saved_models_answer(explorer, export_base):
     import tensorflow as tf
 
@@ -241,6 +244,7 @@ def test_classify_gives_the_saved_models_answer(explorer, export_base):
                                atol=1e-4)
 
 
+@pytest.mark.large
 def test_decode_redraws_the_capsule_and_a_dimension_changes_it(explorer):
     _, client = explorer
     result = client.post("/api/classify", json={"test_index": DIGIT}).get_json()
@@ -260,6 +264,7 @@ def test_decode_redraws_the_capsule_and_a_dimension_changes_it(explorer):
     assert np.shape(as_other["reconstruction"]) == (28, 28)
 
 
+@pytest.mark.large
 def test_a_drawing_is_prepared_and_classified(explorer, tfds_data_dir):
     _, client = explorer
     images, labels = mnist_arrays("test", DIGIT + 1)
@@ -273,6 +278,7 @@ def test_a_drawing_is_prepared_and_classified(explorer, tfds_data_dir):
     assert client.post("/api/classify", json={"drawing": blank}).get_json()["empty"] is True
 
 
+@pytest.mark.large
 def test_bad_requests_get_a_message(explorer):
     _, client = explorer
     cases = [
@@ -291,6 +297,7 @@ def test_bad_requests_get_a_message(explorer):
     assert reply.status_code == 400 and "whole number" in reply.get_json()["error"]
 
 
+@pytest.mark.large
 def test_a_training_run_shows_the_same_capsules(explorer, workdir):
     from capsnet_tf.explorer import load_explorer_model
 
@@ -373,6 +380,7 @@ def test_closing_the_server_waits_for_the_requests_in_flight():
     assert replies == [b"done"]
 
 
+@pytest.mark.large
 def test_the_script_stops_with_one_line_on_a_bad_directory_and_a_taken_port(tmp_path):
     # (A model that is not an MNIST CapsNet takes the same way out: a ModelError.)
     pytest.importorskip("flask", reason='the explorer needs Flask: pip install -e ".[explore]"')
@@ -480,6 +488,7 @@ def reconstruction_pixels(page):
     ), "float32").reshape(28, 28)
 
 
+@pytest.mark.large
 def test_the_page_in_chromium(request, tmp_path, tfds_data_dir):
     executable = chromium_or_skip()
     from playwright.sync_api import sync_playwright

@@ -156,6 +156,7 @@ TINY = dict(
 )
 
 
+@pytest.mark.large
 @pytest.mark.parametrize("model", ["capsnet", "pooled_cnn"])
 def test_tiny_expanded_mnist_run_stops_at_target_and_is_scored(tfds_data_dir, tmp_path, model):
     from capsnet_tf.paper import evaluate_affnist_protocol
@@ -179,6 +180,7 @@ def test_tiny_expanded_mnist_run_stops_at_target_and_is_scored(tfds_data_dir, tm
     assert result["parameters"] > 0
 
 
+@pytest.mark.large
 def test_paper_eval_script_on_a_tiny_multimnist_run(tfds_data_dir, tmp_path):
     from capsnet_tf.training import train_and_evaluate
 

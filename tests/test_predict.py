@@ -42,6 +42,7 @@ def run(script, args, cwd):
     )
 
 
+@pytest.mark.large
 def test_predict_prints_classes_and_writes_reconstructions(export_dir, tmp_path):
     rng = np.random.default_rng(0)
     gray = rng.integers(0, 256, (28, 28), dtype=np.uint8)
@@ -85,6 +86,7 @@ def test_predict_prints_classes_and_writes_reconstructions(export_dir, tmp_path)
     assert np.abs(picture.astype(float) - reference).max() <= 1
 
 
+@pytest.mark.large
 def test_wrong_image_size_is_a_clear_error_without_traceback(export_dir, tmp_path):
     Image.fromarray(np.zeros((28, 28), np.uint8)).save(tmp_path / "good.png")
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "cifar.png")
@@ -99,6 +101,7 @@ def test_wrong_image_size_is_a_clear_error_without_traceback(export_dir, tmp_pat
     assert ": class " not in result.stdout
 
 
+@pytest.mark.large
 def test_serving_benchmark_writes_json(export_dir, tmp_path):
     output = tmp_path / "benchmark.json"
     result = run(

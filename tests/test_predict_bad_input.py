@@ -7,6 +7,11 @@ model's error is the last line, after TensorFlow's start-up lines. A file
 that is too large is refused from its header: the tests give files whose
 data would fail to decode (or whose `.npy` data is absent), so reading the
 data first would give another message or a traceback.
+
+The file cases stop before TensorFlow is imported (a fraction of a second
+each) and stay in the default tier with one bad-model case (the damaged
+SavedModel); the other bad-model cases load TensorFlow in their subprocess
+(about 7 s each) and are marked large.
 """
 
 import io
@@ -138,6 +143,7 @@ def test_a_file_that_is_not_a_npy_is_refused(export_dir, tmp_path):
     assert_one_line(result, r"error: text\.npy: not a readable \.npy array \(ValueError: .*\)")
 
 
+@pytest.mark.large  # loads TensorFlow and a model in a subprocess (~7 s)
 def test_a_savedmodel_without_serving_float_is_one_line(tmp_path):
     import tensorflow as tf
 
@@ -160,6 +166,7 @@ def test_a_damaged_savedmodel_is_one_line(tmp_path):
     assert_last_line(result, r"error: --model=.*damaged: cannot load the SavedModel \(.*\)")
 
 
+@pytest.mark.large  # loads TensorFlow and a model in a subprocess (~7 s)
 def test_labels_that_do_not_match_the_model_are_one_line(export_dir, tmp_path):
     import shutil
 
