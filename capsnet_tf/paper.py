@@ -147,8 +147,11 @@ def multimnist_scores(scores, labels):
     }
 
 
-def training_budget(workdir):
+def training_budget(workdir, data_dir=None):
     """What the run spent, from its own files: images, wall time, the stop.
+
+    `data_dir` (TFDS) gives the training split's size for runs that set no
+    `steps_per_epoch`.
 
     Returns:
         A dict with `epochs` (logged epochs), `training_images` (steps times
@@ -166,9 +169,12 @@ def training_budget(workdir):
             rows = list(csv.DictReader(file))
     budget = {"epochs": len(rows)}
     if rows:
+        from capsnet_tf.data.samples import run_train_examples
+
         steps = config.get("steps_per_epoch")
-        examples = config.get("train_examples") or 60_000
-        per_epoch = steps * config["batch_size"] if steps else examples
+        per_epoch = (
+            steps * config["batch_size"] if steps else run_train_examples(config, data_dir)
+        )
         budget["training_images"] = int(per_epoch * len(rows))
         budget["wall_seconds"] = float(rows[-1]["wall_seconds"])
         rates = [float(row["train_images_per_second"]) for row in rows]
@@ -180,18 +186,20 @@ def training_budget(workdir):
     return budget
 
 
-def _images_and_labels(dataset):
-    """`(inputs, targets)` batches of a `capsnet_tf.data` pipeline, labels under "length"."""
-    return dataset.map(lambda inputs, targets: ({"image": inputs["image"]}, targets))
-
-
-def _load(workdir, checkpoint):
+def _load(workdir, checkpoint, dataset, protocol, flagfile):
+    """The run's model and config; a run on another data set than `dataset` is refused."""
     from capsnet_tf.workdir import load_trained_model
 
-    return load_trained_model(workdir, checkpoint=checkpoint)
+    model, config = load_trained_model(workdir, checkpoint=checkpoint)
+    if config.dataset != dataset:
+        raise ValueError(
+            f"{workdir} trained on {config.dataset!r}; the {protocol} protocol needs a run on "
+            f"{dataset} run (experiments/{flagfile})."
+        )
+    return model, config
 
 
-def _describe(model, config, workdir):
+def _describe(model, config, workdir, data_dir):
     with open(os.path.join(workdir, "config.json")) as file:
         saved = json.load(file)
     return {
@@ -201,7 +209,7 @@ def _describe(model, config, workdir):
         # What an `auto` request resolved to on the training machine.
         "mixed_precision": saved.get("mixed_precision_resolved", config.mixed_precision),
         "seed": config.seed,
-        **training_budget(workdir),
+        **training_budget(workdir, data_dir),
     }
 
 
@@ -234,13 +242,10 @@ def evaluate_affnist_protocol(
     """
     from capsnet_tf.data.affnist import make_affnist_dataset, make_expanded_mnist_dataset
 
-    model, config = _load(workdir, checkpoint)
-    if config.dataset != "expanded_mnist":
-        raise ValueError(
-            f"{workdir} trained on {config.dataset!r}; the affNIST protocol needs an "
-            "expanded_mnist run (experiments/paper_affnist.flags)."
-        )
-    result = _describe(model, config, workdir)
+    model, config = _load(
+        workdir, checkpoint, "expanded_mnist", "affNIST", "paper_affnist.flags"
+    )
+    result = _describe(model, config, workdir, data_dir)
     sets = {
         "test": make_expanded_mnist_dataset(
             "test", batch_size, training=False, seed=config.seed, pad=6, max_shift=config.shift,
@@ -259,9 +264,8 @@ def evaluate_affnist_protocol(
         examples = min(take or spec.num_examples, spec.num_examples)
         if progress:
             print(f"{name}: {examples:,} images")
-        scores, labels = class_scores(
-            model, config.model, _images_and_labels(dataset), examples, progress
-        )
+        # reconstruction=False: batches of ({"image"}, {"length": labels}).
+        scores, labels = class_scores(model, config.model, dataset, examples, progress)
         result[f"{name}_accuracy"] = single_label_accuracy(scores, labels)
         result[f"{name}_examples"] = int(len(labels))
     result["affnist_source"] = (
@@ -290,13 +294,10 @@ def evaluate_multimnist_protocol(
     """
     from capsnet_tf.data.multimnist import make_multimnist_dataset
 
-    model, config = _load(workdir, checkpoint)
-    if config.dataset != "multi_mnist":
-        raise ValueError(
-            f"{workdir} trained on {config.dataset!r}; the MultiMNIST protocol needs a "
-            "multi_mnist run (experiments/paper_multi_mnist.flags)."
-        )
-    result = _describe(model, config, workdir)
+    model, config = _load(
+        workdir, checkpoint, "multi_mnist", "MultiMNIST", "paper_multi_mnist.flags"
+    )
+    result = _describe(model, config, workdir, data_dir)
     dataset, spec = make_multimnist_dataset(
         "test", batch_size, training=False, seed=config.seed, max_shift=config.shift,
         test_pairs_per_image=pairs_per_image, data_dir=data_dir, reconstruction=False,
