@@ -194,7 +194,7 @@ def _load(workdir, checkpoint, dataset, protocol, flagfile):
     if config.dataset != dataset:
         raise ValueError(
             f"{workdir} trained on {config.dataset!r}; the {protocol} protocol needs a run on "
-            f"{dataset} run (experiments/{flagfile})."
+            f"{dataset} (experiments/{flagfile})."
         )
     return model, config
 
