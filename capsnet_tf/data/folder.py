@@ -137,15 +137,35 @@ def scan_image_folder(path, image_size=None, test_fraction=0.2, seed=0):
     Raises:
         ImageFolderError: the folder cannot be trained on; one line says why.
     """
+    _check_folder_arguments(path, test_fraction)
+    size = parse_image_size(image_size)
+    rng = np.random.default_rng(seed)
+    layout, class_names, per_split, skipped = _files_per_split(path, test_fraction, rng)
+    splits, sizes, modes = _labelled_splits(per_split, class_names, rng)
+    height, width = size or _one_size(path, sizes)
+    return ImageFolder(
+        path=path,
+        class_names=class_names,
+        splits=splits,
+        image_shape=(height, width, 3 if "colour" in modes else 1),
+        layout=layout,
+        resize=size is not None,
+        notes=_scan_notes(skipped, modes),
+    )
+
+
+def _check_folder_arguments(path, test_fraction):
+    """Refuses a missing folder, a file, or a `test_fraction` outside (0, 1), before any listing."""
     if not os.path.exists(path):
         raise ImageFolderError(f"Image folder {path} does not exist.")
     if not os.path.isdir(path):
         raise ImageFolderError(f"Image folder {path} is not a directory.")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"`test_fraction` must be in (0, 1). Received: {test_fraction}")
-    size = parse_image_size(image_size)
-    rng = np.random.default_rng(seed)
-    notes = []
+
+
+def _files_per_split(path, test_fraction, rng):
+    """`(layout, class_names, {split: {class: files}}, skipped)`: given splits or a seeded one."""
     given = [os.path.join(path, name) for name in ("train", "test")]
     present = [os.path.isdir(folder) for folder in given]
     if any(present) and not all(present):
@@ -156,36 +176,46 @@ def scan_image_folder(path, image_size=None, test_fraction=0.2, seed=0):
             "seeded split."
         )
     if all(present):
-        layout = "train/test"
-        train, skipped = _class_files(given[0])
-        test, skipped_test = _class_files(given[1])
-        skipped += skipped_test
-        _check_classes(given[0], train)
-        _check_classes(given[1], test)
-        if sorted(test) != sorted(train):
-            raise ImageFolderError(
-                f"{given[0]} and {given[1]} must hold the same class folders; train has "
-                f"{', '.join(sorted(train))}, test has {', '.join(sorted(test))}."
-            )
-        class_names = tuple(sorted(train))
-        per_split = {"train": train, "test": test}
-    else:
-        layout = "split"
-        classes, skipped = _class_files(path)
-        _check_classes(path, classes)
-        class_names = tuple(sorted(classes))
-        per_split = {"train": {}, "test": {}}
-        for name in class_names:
-            files = list(classes[name])
-            rng.shuffle(files)
-            held = int(round(test_fraction * len(files))) if len(files) > 1 else 0
-            held = max(held, 1) if len(files) > 1 else 0
-            per_split["test"][name] = files[:held]
-            per_split["train"][name] = files[held:]
-    if skipped:
-        notes.append(
-            f"Skipped {skipped} file(s) without an image extension ({', '.join(IMAGE_EXTENSIONS)})."
+        return ("train/test", *_given_splits(*given))
+    return ("split", *_seeded_split(path, test_fraction, rng))
+
+
+def _given_splits(train_dir, test_dir):
+    """`(class_names, per_split, skipped)` of `train/` and `test/`; both name the same classes."""
+    train, skipped = _class_files(train_dir)
+    test, skipped_test = _class_files(test_dir)
+    _check_classes(train_dir, train)
+    _check_classes(test_dir, test)
+    if sorted(test) != sorted(train):
+        raise ImageFolderError(
+            f"{train_dir} and {test_dir} must hold the same class folders; train has "
+            f"{', '.join(sorted(train))}, test has {', '.join(sorted(test))}."
         )
+    return tuple(sorted(train)), {"train": train, "test": test}, skipped + skipped_test
+
+
+def _seeded_split(path, test_fraction, rng):
+    """`(class_names, per_split, skipped)`: a shuffled `test_fraction` of each class held out."""
+    classes, skipped = _class_files(path)
+    _check_classes(path, classes)
+    class_names = tuple(sorted(classes))
+    per_split = {"train": {}, "test": {}}
+    for name in class_names:
+        files = list(classes[name])
+        rng.shuffle(files)
+        held = int(round(test_fraction * len(files))) if len(files) > 1 else 0
+        held = max(held, 1) if len(files) > 1 else 0
+        per_split["test"][name] = files[:held]
+        per_split["train"][name] = files[held:]
+    return class_names, per_split, skipped
+
+
+def _labelled_splits(per_split, class_names, rng):
+    """`(splits, sizes, modes)`: each split's shuffled `(paths, labels)`; the headers' sizes, modes.
+
+    `sizes` maps each `(height, width)` to the first file of that size;
+    `modes` maps `"gray"` and `"colour"` to their files.
+    """
     splits, sizes, modes = {}, {}, {}
     for split, classes in per_split.items():
         paths, labels = [], []
@@ -198,30 +228,35 @@ def scan_image_folder(path, image_size=None, test_fraction=0.2, seed=0):
                 labels.append(label)
         order = rng.permutation(len(paths))
         splits[split] = ([paths[i] for i in order], np.asarray(labels, np.int32)[order])
-    if size is None and len(sizes) > 1:
+    return splits, sizes, modes
+
+
+def _one_size(path, sizes):
+    """The `(height, width)` all images share; without `image_size` two sizes cannot be batched."""
+    if len(sizes) > 1:
         (first, first_file), (second, second_file) = list(sizes.items())[:2]
         raise ImageFolderError(
             f"The images of {path} differ in size ({first[1]}x{first[0]} in {first_file}, "
             f"{second[1]}x{second[0]} in {second_file}, {len(sizes)} sizes in all): pass "
             f"--image_size={first[0]} (or height,width) to resize them all."
         )
-    height, width = size or next(iter(sizes))
-    channels = 3 if "colour" in modes else 1
+    return next(iter(sizes))
+
+
+def _scan_notes(skipped, modes):
+    """`ImageFolder.notes`: the files skipped and the conversion to RGB, worth printing."""
+    notes = []
+    if skipped:
+        notes.append(
+            f"Skipped {skipped} file(s) without an image extension ({', '.join(IMAGE_EXTENSIONS)})."
+        )
     if "colour" in modes and "gray" in modes:
         notes.append(
             f"Mixed channel counts: {len(modes['gray'])} grayscale image(s) (e.g. "
             f"{modes['gray'][0]}) and {len(modes['colour'])} colour image(s); all are "
             "converted to RGB (3 channels)."
         )
-    return ImageFolder(
-        path=path,
-        class_names=class_names,
-        splits=splits,
-        image_shape=(height, width, channels),
-        layout=layout,
-        resize=size is not None,
-        notes=tuple(notes),
-    )
+    return tuple(notes)
 
 
 def _decoded(paths, labels, image_shape, resize):
