@@ -81,6 +81,161 @@ def _initializers(kind, stddev):
     return "glorot_uniform", "zeros"
 
 
+def _check_arguments(
+    image_shape, num_classes, num_targets, stem_layers, stem_filters, vote_scaling, initializer
+):
+    """Refuses, Keras-style, the arguments `CapsNet` cannot build; returns `image_shape` as ints.
+
+    Checked before any layer exists, so a bad argument names itself instead
+    of surfacing as a shape error deep inside a layer's build.
+    """
+    if vote_scaling not in _VOTE_SCALINGS:
+        raise ValueError(
+            f"`vote_scaling` must be one of {_VOTE_SCALINGS}. "
+            f"Received: vote_scaling={vote_scaling!r}"
+        )
+    if initializer not in _INITIALIZERS:
+        raise ValueError(
+            f"`initializer` must be one of {_INITIALIZERS}. "
+            f"Received: initializer={initializer!r}"
+        )
+    image_shape = tuple(int(size) for size in image_shape)
+    if len(image_shape) != 3 or min(image_shape) < 1:
+        raise ValueError(
+            "`image_shape` must be (height, width, channels) of positive "
+            f"sizes. Received: image_shape={image_shape}"
+        )
+    if not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(
+            f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}"
+        )
+    if (
+        not isinstance(num_targets, int)
+        or isinstance(num_targets, bool)
+        or not 1 <= num_targets < num_classes
+    ):
+        raise ValueError(
+            "`num_targets` must be an integer >= 1 and < num_classes. "
+            f"Received: num_targets={num_targets!r}, num_classes={num_classes}"
+        )
+    if not isinstance(stem_layers, int) or isinstance(stem_layers, bool) or stem_layers < 0:
+        raise ValueError(
+            f"`stem_layers` must be an integer >= 0. Received: stem_layers={stem_layers!r}"
+        )
+    if not isinstance(stem_filters, int) or stem_filters < 1:
+        raise ValueError(
+            "`stem_filters` must be a positive integer. "
+            f"Received: stem_filters={stem_filters!r}"
+        )
+    return image_shape
+
+
+def _vote_scale(config):
+    """`CapsuleLayer`'s `vote_scale` for `config["vote_scaling"]` (see `CapsNet`'s Args)."""
+    if config["vote_scaling"] != "capsule_count":
+        return 1.0
+    primary_capsules = capsule_counts(
+        config["image_shape"], config["stem_layers"], config["conv_kernel_size"],
+        config["primary_capsule_types"], config["primary_kernel_size"],
+        config["primary_strides"], config["padding"],
+    )[3]
+    return min(
+        1.0, config["num_classes"] / 10 * math.sqrt(MNIST_PRIMARY_CAPSULES / primary_capsules)
+    )
+
+
+def _make_decoder(image_shape, decoder_units, initializer, precise_dtype):
+    """The decoder: ReLU layers of `decoder_units`, then a sigmoid layer shaped as the image."""
+    decoder_layers = [keras.layers.Flatten()]
+    for units in decoder_units:
+        kernel, bias = _initializers(initializer, 0.1)
+        decoder_layers.append(
+            keras.layers.Dense(units, "relu", kernel_initializer=kernel, bias_initializer=bias)
+        )
+    kernel, bias = _initializers(initializer, 0.1)
+    decoder_layers += [
+        keras.layers.Dense(
+            math.prod(image_shape),
+            "sigmoid",
+            kernel_initializer=kernel,
+            bias_initializer=bias,
+            dtype=precise_dtype,
+        ),
+        keras.layers.Reshape(image_shape, dtype=precise_dtype),
+    ]
+    return keras.Sequential(decoder_layers, name="decoder")
+
+
+def _make_layers(**config):
+    """CapsNet's layers for `config` (`CapsNet`'s arguments), in a namespace, in call order."""
+    low_precision = keras.config.dtype_policy().compute_dtype in ("float16", "bfloat16")
+    precise_dtype = "float32" if low_precision else None
+    initializer = config["initializer"]
+    parts = types.SimpleNamespace()
+    conv_kernel, conv_bias = _initializers(initializer, 0.05)
+    parts.stem = [
+        keras.layers.Conv2D(
+            config["stem_filters"],
+            3,
+            strides=2,
+            padding="same",
+            activation="relu",
+            kernel_initializer=conv_kernel,
+            bias_initializer=conv_bias,
+            name=f"stem{index + 1}",
+        )
+        for index in range(config["stem_layers"])
+    ]
+    parts.conv = keras.layers.Conv2D(
+        config["conv_filters"],
+        config["conv_kernel_size"],
+        padding=config["padding"],
+        activation="relu",
+        kernel_initializer=conv_kernel,
+        bias_initializer=conv_bias,
+        name="conv1",
+    )
+    primary_kernel, primary_bias = _initializers(initializer, 0.1)
+    parts.primary_capsules = PrimaryCapsule(
+        num_capsule_types=config["primary_capsule_types"],
+        capsule_dim=config["primary_capsule_dim"],
+        kernel_size=config["primary_kernel_size"],
+        strides=config["primary_strides"],
+        padding=config["padding"],
+        official_scaling=config["official_primary_scaling"],
+        kernel_initializer=primary_kernel,
+        bias_initializer=primary_bias,
+        name="primary_capsules",
+    )
+    capsule_kernel, capsule_bias = _initializers(initializer, 0.1)
+    if initializer == "keras":
+        capsule_kernel = None  # CapsuleLayer's own default
+    parts.class_capsules = CapsuleLayer(
+        num_capsules=config["num_classes"],
+        capsule_dim=config["capsule_dim"],
+        routing_iterations=config["routing_iterations"],
+        leaky_routing=config["leaky_routing"],
+        kernel_initializer=capsule_kernel,
+        bias_initializer=capsule_bias,
+        vote_scale=_vote_scale(config),
+        jit_compile=config["routing_jit_compile"],
+        # Under a mixed policy the votes and the routing stay float32: the
+        # routing is memory-bound (its FLOPs are a few % of the model's),
+        # its casts cost more than bfloat16 saves, and the softmax over
+        # logits summed across iterations keeps float32's precision.
+        dtype=precise_dtype,
+        name="class_capsules",
+    )
+    parts.length = Length(dtype=precise_dtype, name="length")
+    if config["reconstruction"]:
+        num_targets = config["num_targets"]
+        parts.mask = Mask(num_targets=None if num_targets == 1 else num_targets, name="mask")
+        parts.decoder = _make_decoder(
+            config["image_shape"], config["decoder_units"], initializer, precise_dtype
+        )
+    return parts
+
+
 @keras.saving.register_keras_serializable(package="capsnet_tf")
 class CapsNet(keras.Model):
     """CapsNet: [stem ->] Conv -> PrimaryCapsule -> CapsuleLayer -> lengths + decoder.
@@ -202,139 +357,39 @@ class CapsNet(keras.Model):
         routing_jit_compile="training",
         **kwargs,
     ):
-        if vote_scaling not in _VOTE_SCALINGS:
-            raise ValueError(
-                f"`vote_scaling` must be one of {_VOTE_SCALINGS}. "
-                f"Received: vote_scaling={vote_scaling!r}"
-            )
-        if initializer not in _INITIALIZERS:
-            raise ValueError(
-                f"`initializer` must be one of {_INITIALIZERS}. "
-                f"Received: initializer={initializer!r}"
-            )
-        image_shape = tuple(int(size) for size in image_shape)
-        if len(image_shape) != 3 or min(image_shape) < 1:
-            raise ValueError(
-                "`image_shape` must be (height, width, channels) of positive "
-                f"sizes. Received: image_shape={image_shape}"
-            )
-        if not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(
-                f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}"
-            )
-        if (
-            not isinstance(num_targets, int)
-            or isinstance(num_targets, bool)
-            or not 1 <= num_targets < num_classes
-        ):
-            raise ValueError(
-                "`num_targets` must be an integer >= 1 and < num_classes. "
-                f"Received: num_targets={num_targets!r}, num_classes={num_classes}"
-            )
-        if not isinstance(stem_layers, int) or isinstance(stem_layers, bool) or stem_layers < 0:
-            raise ValueError(
-                f"`stem_layers` must be an integer >= 0. Received: stem_layers={stem_layers!r}"
-            )
-        if not isinstance(stem_filters, int) or stem_filters < 1:
-            raise ValueError(
-                "`stem_filters` must be a positive integer. "
-                f"Received: stem_filters={stem_filters!r}"
-            )
+        image_shape = _check_arguments(
+            image_shape, num_classes, num_targets, stem_layers, stem_filters,
+            vote_scaling, initializer,
+        )
         decoder_units = tuple(int(units) for units in decoder_units)
-        low_precision = keras.config.dtype_policy().compute_dtype in ("float16", "bfloat16")
-        precise_dtype = "float32" if low_precision else None
 
         # === Layers ===
         # Held here until `keras.Model.__init__` has run, then set as attributes
         # of the same names (below): under Keras's PyTorch backend a layer is a
         # torch.nn.Module, which takes no submodule before its __init__.
-        parts = types.SimpleNamespace()
-        conv_kernel, conv_bias = _initializers(initializer, 0.05)
-        parts.stem = [
-            keras.layers.Conv2D(
-                stem_filters,
-                3,
-                strides=2,
-                padding="same",
-                activation="relu",
-                kernel_initializer=conv_kernel,
-                bias_initializer=conv_bias,
-                name=f"stem{index + 1}",
-            )
-            for index in range(stem_layers)
-        ]
-        parts.conv = keras.layers.Conv2D(
-            conv_filters,
-            conv_kernel_size,
+        parts = _make_layers(
+            image_shape=image_shape,
+            num_classes=num_classes,
+            stem_layers=stem_layers,
+            stem_filters=stem_filters,
+            conv_filters=conv_filters,
+            conv_kernel_size=conv_kernel_size,
+            primary_capsule_types=primary_capsule_types,
+            primary_capsule_dim=primary_capsule_dim,
+            primary_kernel_size=primary_kernel_size,
+            primary_strides=primary_strides,
             padding=padding,
-            activation="relu",
-            kernel_initializer=conv_kernel,
-            bias_initializer=conv_bias,
-            name="conv1",
-        )
-        primary_kernel, primary_bias = _initializers(initializer, 0.1)
-        parts.primary_capsules = PrimaryCapsule(
-            num_capsule_types=primary_capsule_types,
-            capsule_dim=primary_capsule_dim,
-            kernel_size=primary_kernel_size,
-            strides=primary_strides,
-            padding=padding,
-            official_scaling=official_primary_scaling,
-            kernel_initializer=primary_kernel,
-            bias_initializer=primary_bias,
-            name="primary_capsules",
-        )
-        vote_scale = 1.0
-        if vote_scaling == "capsule_count":
-            primary_capsules = capsule_counts(
-                image_shape, stem_layers, conv_kernel_size, primary_capsule_types,
-                primary_kernel_size, primary_strides, padding,
-            )[3]
-            vote_scale = min(
-                1.0, num_classes / 10 * math.sqrt(MNIST_PRIMARY_CAPSULES / primary_capsules)
-            )
-        capsule_kernel, capsule_bias = _initializers(initializer, 0.1)
-        if initializer == "keras":
-            capsule_kernel = None  # CapsuleLayer's own default
-        parts.class_capsules = CapsuleLayer(
-            num_capsules=num_classes,
             capsule_dim=capsule_dim,
             routing_iterations=routing_iterations,
             leaky_routing=leaky_routing,
-            kernel_initializer=capsule_kernel,
-            bias_initializer=capsule_bias,
-            vote_scale=vote_scale,
-            jit_compile=routing_jit_compile,
-            # Under a mixed policy the votes and the routing stay float32: the
-            # routing is memory-bound (its FLOPs are a few % of the model's),
-            # its casts cost more than bfloat16 saves, and the softmax over
-            # logits summed across iterations keeps float32's precision.
-            dtype=precise_dtype,
-            name="class_capsules",
+            decoder_units=decoder_units,
+            reconstruction=reconstruction,
+            official_primary_scaling=official_primary_scaling,
+            vote_scaling=vote_scaling,
+            initializer=initializer,
+            num_targets=num_targets,
+            routing_jit_compile=routing_jit_compile,
         )
-        parts.length = Length(dtype=precise_dtype, name="length")
-        if reconstruction:
-            parts.mask = Mask(num_targets=None if num_targets == 1 else num_targets, name="mask")
-            decoder_layers = [keras.layers.Flatten()]
-            for units in decoder_units:
-                kernel, bias = _initializers(initializer, 0.1)
-                decoder_layers.append(
-                    keras.layers.Dense(
-                        units, "relu", kernel_initializer=kernel, bias_initializer=bias
-                    )
-                )
-            kernel, bias = _initializers(initializer, 0.1)
-            decoder_layers += [
-                keras.layers.Dense(
-                    math.prod(image_shape),
-                    "sigmoid",
-                    kernel_initializer=kernel,
-                    bias_initializer=bias,
-                    dtype=precise_dtype,
-                ),
-                keras.layers.Reshape(image_shape, dtype=precise_dtype),
-            ]
-            parts.decoder = keras.Sequential(decoder_layers, name="decoder")
 
         # === Functional Model ===
         image = keras.Input(shape=image_shape, name="image")
