@@ -361,6 +361,45 @@ def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=F
     )
     clock = WallClock(start_time, csv_log)
     averaged = AveragedWeights()
+    callbacks = [
+        # First: a NaN loss stops training before any callback saves that step.
+        _divergence_guard(backup),
+        *_progress_callbacks(config, workdir, test_data, validation_data, averaged, clock,
+                             monitor),
+        *_weights_checkpoints(checkpoints, monitor, csv_log),
+        EpochTimer(config.batch_size, train_examples),
+        keras.callbacks.CSVLogger(csv_log, append=True),
+        keras.callbacks.TensorBoard(os.path.join(workdir, "logs"), update_freq="epoch"),
+    ]
+    if config.reconstruction and config.model == "capsnet":
+        callbacks.append(_reconstruction_images(config, workdir))
+    # The trained weights back in the model before the backup (see `AveragedWeights`).
+    callbacks.append(averaged.restore)
+    callbacks.append(backup)
+    # After the backup: at an epoch end it stops once that epoch is saved.
+    callbacks.append(GracefulStop(backup, save=not multi_worker))
+    return callbacks
+
+
+def _divergence_guard(backup):
+    """The `DivergenceGuard` whose advice is this command's: a rerun resumes from `backup`."""
+    return DivergenceGuard(
+        backup=backup,
+        advice=(
+            "Lower --learning_rate (or check the input data) and run again with "
+            "the same --workdir: training continues from the last backup."
+        ),
+    )
+
+
+def _progress_callbacks(config, workdir, test_data, validation_data, averaged, clock, monitor):
+    """The epoch-end evaluations and clock, in the order their logs depend on.
+
+    In order: the validation split with the trained weights (`val_trained_*`,
+    with `config.ema_momentum`), the averaged weights swapped in, the test
+    set beside a validation split, the clock (after the evaluations it
+    times), and the time to `config.target_accuracy`, which reads the clock.
+    """
     progress = [averaged, clock]
     if config.ema_momentum and validation_data is not None:
         progress.insert(0, TestSetEvaluation(validation_data, prefix="val_trained_"))
@@ -372,17 +411,13 @@ def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=F
         # is a model choice and the test set makes none.
         record = os.path.join(workdir, "time_to_target.json")
         progress.append(TargetAccuracy(monitor, config.target_accuracy, clock, record))
-    callbacks = [
-        # First: a NaN loss stops training before any callback saves that step.
-        DivergenceGuard(
-            backup=backup,
-            advice=(
-                "Lower --learning_rate (or check the input data) and run again with "
-                "the same --workdir: training continues from the last backup."
-            ),
-        ),
-        *progress,
-        # Model weights only (no optimizer state), written atomically.
+    return progress
+
+
+def _weights_checkpoints(checkpoints, monitor, csv_log):
+    """The latest and the best (by `monitor`) weights, so a run can be evaluated and resumed."""
+    # Model weights only (no optimizer state), written atomically.
+    return [
         WeightsCheckpoint(os.path.join(checkpoints, "latest.weights.h5")),
         WeightsCheckpoint(
             os.path.join(checkpoints, "best.weights.h5"),
@@ -391,36 +426,28 @@ def _make_callbacks(config, workdir, spec, test_data, start_time, multi_worker=F
             # A resumed run keeps the best of the epochs before the interruption.
             initial_value_threshold=best_logged(csv_log, monitor),
         ),
-        EpochTimer(config.batch_size, train_examples),
-        keras.callbacks.CSVLogger(csv_log, append=True),
-        keras.callbacks.TensorBoard(os.path.join(workdir, "logs"), update_freq="epoch"),
     ]
-    if config.reconstruction and config.model == "capsnet":
-        from capsnet_tf.data.samples import load_test_images
 
-        sample_images, sample_labels = load_test_images(
-            config.dataset,
-            16,
-            config.data_dir,
-            seed=config.seed,
-            test_pairs_per_image=config.test_pairs_per_image,
-            shift=config.shift,
-            **image_source(config),
-        )
-        callbacks.append(
-            ReconstructionImages(
-                sample_images,
-                sample_labels,
-                os.path.join(workdir, "logs", "reconstructions"),
-                max_images=16,
-            )
-        )
-    # The trained weights back in the model before the backup (see `AveragedWeights`).
-    callbacks.append(averaged.restore)
-    callbacks.append(backup)
-    # After the backup: at an epoch end it stops once that epoch is saved.
-    callbacks.append(GracefulStop(backup, save=not multi_worker))
-    return callbacks
+
+def _reconstruction_images(config, workdir):
+    """`ReconstructionImages` of 16 test images, so TensorBoard shows what the decoder learns."""
+    from capsnet_tf.data.samples import load_test_images
+
+    sample_images, sample_labels = load_test_images(
+        config.dataset,
+        16,
+        config.data_dir,
+        seed=config.seed,
+        test_pairs_per_image=config.test_pairs_per_image,
+        shift=config.shift,
+        **image_source(config),
+    )
+    return ReconstructionImages(
+        sample_images,
+        sample_labels,
+        os.path.join(workdir, "logs", "reconstructions"),
+        max_images=16,
+    )
 
 
 def train_and_evaluate(config, workdir, overwrite=False, start_time=None):
@@ -486,20 +513,56 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
     check_workdir(workdir, config, overwrite)
     keras.utils.set_random_seed(config.seed)
     precision, reason = _set_precision(config)
+    train_data, validation_data, test_data, spec, extra_evaluations = _sharded_datasets(config)
+    # Before anything is written or built: a step that cannot fit stops here.
+    test_examples = int(test_data.cardinality()) * config.batch_size
+    check_run_memory(config, spec, max(test_examples, 0))
+    _write_run_description(workdir, config, precision, reason, spec)
+
+    model, steps_per_epoch = _compiled_model(config, spec, train_data, strategy)
+    prepare_model(model, strategy, train_data.element_spec)
+    with open(os.path.join(workdir, "model.json"), "w") as file:
+        json.dump(model.get_config(), file, indent=2)
+    callbacks = _make_callbacks(
+        config, workdir, spec, test_data, start_time, multi_worker=is_multi_worker(strategy),
+        validation_data=validation_data,
+    )
+    # The official runs validate on the test set; with a validation split
+    # the test set is evaluated beside it by `TestSetEvaluation`.
+    history, train_seconds = _fit(
+        model, config, callbacks, train_data,
+        test_data if validation_data is None else validation_data, steps_per_epoch,
+    )
+
+    _load_best_checkpoint(model, workdir)
+    results = _test_results(model, config, workdir, test_data, history, train_seconds)
+    results.update(_extra_accuracies(model, config, extra_evaluations))
+    with open(os.path.join(workdir, "results.json"), "w") as file:
+        json.dump(results, file, indent=2, sort_keys=True)
+    return results
+
+
+def _sharded_datasets(config):
+    """`_make_datasets(config)`, each data set sharded for a multi-worker strategy."""
     train_data, validation_data, test_data, spec, extra_evaluations = _make_datasets(config)
     # Under multi_worker every worker reads the same batches and keeps its share.
     train_data, test_data = shard_by_data(train_data), shard_by_data(test_data)
     if validation_data is not None:
         validation_data = shard_by_data(validation_data)
     extra_evaluations = {name: shard_by_data(data) for name, data in extra_evaluations.items()}
-    # Before anything is written or built: a step that cannot fit stops here.
-    test_examples = int(test_data.cardinality()) * config.batch_size
-    check_run_memory(config, spec, max(test_examples, 0))
+    return train_data, validation_data, test_data, spec, extra_evaluations
+
+
+def _write_run_description(workdir, config, precision, reason, spec):
+    """Writes `config.json` and, when the data have them, `labels.txt`: how to read the run."""
     with open(os.path.join(workdir, "config.json"), "w") as file:
         file.write(_config_record(config, precision, reason))
     if spec.class_names:
         write_class_names(workdir, spec.class_names)
 
+
+def _compiled_model(config, spec, train_data, strategy):
+    """`(model, steps_per_epoch)`: the compiled model, its variables under `strategy`."""
     with strategy.scope():
         model = build_model(config, spec.image_shape, spec.num_classes, spec.num_targets)
         batches = int(train_data.cardinality())
@@ -508,13 +571,11 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
             else math.ceil((config.train_examples or spec.num_examples) / config.batch_size)
         )
         model = compile_model(model, config, spec.num_targets, steps_per_epoch)
-    prepare_model(model, strategy, train_data.element_spec)
-    with open(os.path.join(workdir, "model.json"), "w") as file:
-        json.dump(model.get_config(), file, indent=2)
-    callbacks = _make_callbacks(
-        config, workdir, spec, test_data, start_time, multi_worker=is_multi_worker(strategy),
-        validation_data=validation_data,
-    )
+    return model, steps_per_epoch
+
+
+def _fit(model, config, callbacks, train_data, validation_data, steps_per_epoch):
+    """`(history, seconds)` of `model.fit`, resumed where the backup among `callbacks` left off."""
     backup = next(c for c in callbacks if isinstance(c, TrainingStateBackup))
     # The batches the interrupted run would have read next (see `resumable_training_data`).
     resume_step = backup.resume_point(model)
@@ -525,9 +586,7 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
             _training_stream(config, train_data, resume_step),
             epochs=config.epochs,
             steps_per_epoch=steps_per_epoch,
-            # The official runs validate on the test set; with a validation split
-            # the test set is evaluated beside it by `TestSetEvaluation`.
-            validation_data=test_data if validation_data is None else validation_data,
+            validation_data=validation_data,
             shuffle=False,  # the tf.data pipeline shuffles
             callbacks=callbacks,
             verbose=config.verbose,
@@ -536,11 +595,18 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
         for callback in callbacks:
             if isinstance(callback, GracefulStop):
                 callback.uninstall()
-    train_seconds = time.perf_counter() - start
+    return history, time.perf_counter() - start
 
+
+def _load_best_checkpoint(model, workdir):
+    """Loads the best epoch's weights, where one was saved, so that it is what is evaluated."""
     best = os.path.join(workdir, "checkpoints", "best.weights.h5")
     if os.path.exists(best):
         load_weights(model, best)  # model weights only; a broken file is named
+
+
+def _test_results(model, config, workdir, test_data, history, train_seconds):
+    """The test metrics of `model`, with what the training log and this call recorded."""
     metrics = model.evaluate(test_data, return_dict=True, verbose=config.verbose)
     accuracy = float(metrics[accuracy_key(config)])
     prefix = "test_" if config.validation_examples else "val_"
@@ -566,12 +632,16 @@ def _train_and_evaluate(config, workdir, overwrite, start_time, strategy):
     if os.path.exists(target_record):
         with open(target_record) as file:
             results["time_to_target"] = json.load(file)
+    return results
+
+
+def _extra_accuracies(model, config, extra_evaluations):
+    """`{"<name>_accuracy": ...}` on each further test set (e.g. affNIST after expanded MNIST)."""
+    accuracies = {}
     for name, dataset in extra_evaluations.items():
         extra = model.evaluate(dataset, return_dict=True, verbose=config.verbose)
-        results[f"{name}_accuracy"] = float(extra[accuracy_key(config)])
-    with open(os.path.join(workdir, "results.json"), "w") as file:
-        json.dump(results, file, indent=2, sort_keys=True)
-    return results
+        accuracies[f"{name}_accuracy"] = float(extra[accuracy_key(config)])
+    return accuracies
 
 
 def train_ensemble(config, workdir, overwrite=False):
