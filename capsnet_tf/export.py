@@ -294,9 +294,24 @@ def make_serving_module(model, class_names=None, kernels="portable"):
 
 
 def _describe(info):
-    """The metadata and README text of an export."""
+    """`(signatures, input_format)`: the metadata's description of each signature and input."""
     shape = [-1] + info["image_shape"]
-    capsules = [-1, info["num_classes"], info["capsule_dim"]]
+    outputs = _output_docs(info, shape)
+    signatures = {
+        "serving_default": _images_signature(
+            "uint8", shape, "pixel values in [0, 255]; white on black as in MNIST", outputs
+        ),
+        "serving_float": _images_signature(
+            "float32", shape, "pixel values in [0, 1] (uint8 / 255)", outputs
+        ),
+    }
+    if info["has_decoder"]:
+        signatures["decode"] = _decode_signature(info, outputs["reconstruction"])
+    return signatures, _input_format(info)
+
+
+def _output_docs(info, shape):
+    """The outputs of the image signatures, described for clients: dtype, shape, meaning."""
     outputs = {
         "probabilities": {
             "dtype": "float32",
@@ -311,7 +326,7 @@ def _describe(info):
         },
         "capsules": {
             "dtype": "float32",
-            "shape": capsules,
+            "shape": [-1, info["num_classes"], info["capsule_dim"]],
             "description": "class capsules (instantiation parameters), not masked",
         },
     }
@@ -321,53 +336,52 @@ def _describe(info):
             "shape": shape,
             "description": "decoder output in [0, 1] from the capsule of class_ids",
         }
-    signatures = {
-        "serving_default": {
-            "inputs": {
-                "images": {
-                    "dtype": "uint8",
-                    "shape": shape,
-                    "description": "pixel values in [0, 255]; white on black as in MNIST",
-                }
-            },
-            "outputs": outputs,
+    return outputs
+
+
+def _images_signature(dtype, shape, description, outputs):
+    """An image signature's description: its one `images` input and `outputs`."""
+    return {
+        "inputs": {
+            "images": {
+                "dtype": dtype,
+                "shape": shape,
+                "description": description,
+            }
         },
-        "serving_float": {
-            "inputs": {
-                "images": {
-                    "dtype": "float32",
-                    "shape": shape,
-                    "description": "pixel values in [0, 1] (uint8 / 255)",
-                }
-            },
-            "outputs": outputs,
-        },
+        "outputs": outputs,
     }
-    if info["has_decoder"]:
-        signatures["decode"] = {
-            "inputs": {
-                "capsules": {
-                    "dtype": "float32",
-                    "shape": capsules,
-                    "description": "class capsules, masked or not: all but the capsule "
-                    "of class_ids are zeroed before decoding",
-                },
-                "class_ids": {
-                    "dtype": "int32",
-                    "shape": [-1],
-                    "description": f"the class to decode, in [0, {info['num_classes']})",
-                },
+
+
+def _decode_signature(info, reconstruction):
+    """The `decode` signature's description: capsules and class ids in, `reconstruction` out."""
+    return {
+        "inputs": {
+            "capsules": {
+                "dtype": "float32",
+                "shape": [-1, info["num_classes"], info["capsule_dim"]],
+                "description": "class capsules, masked or not: all but the capsule "
+                "of class_ids are zeroed before decoding",
             },
-            "outputs": {"reconstruction": outputs["reconstruction"]},
-        }
+            "class_ids": {
+                "dtype": "int32",
+                "shape": [-1],
+                "description": f"the class to decode, in [0, {info['num_classes']})",
+            },
+        },
+        "outputs": {"reconstruction": reconstruction},
+    }
+
+
+def _input_format(info):
+    """One sentence on the images the signatures take, for the metadata and README."""
     height, width, channels = info["image_shape"]
-    input_format = (
+    return (
         f"Batches of {height}x{width} images with {channels} channel(s), shape "
         f"[batch, {height}, {width}, {channels}] (any batch size, rank 4: add the "
         "channel axis to [batch, height, width] arrays): uint8 in [0, 255] for "
         "serving_default, float32 in [0, 1] for serving_float."
     )
-    return signatures, input_format
 
 
 def _readme(metadata):
@@ -539,6 +553,26 @@ def export_saved_model(
 
     inference = _inference_model(model)
     module, signatures, info = make_serving_module(inference, class_names, kernels)
+    full_metadata = _export_metadata(info, kernels, version, metadata)
+
+    os.makedirs(export_dir, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".staging-{version}-", dir=export_dir)
+    try:
+        saved = _save_staged(module, signatures, info, full_metadata, staging, kernels)
+        if verify:
+            _verify(saved, inference, info)
+        if tflite:
+            convert_to_tflite(saved, os.path.join(saved, TFLITE_FILE))
+        if derived is not None:
+            derived(saved)
+        _publish(saved, target, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _export_metadata(info, kernels, version, source):
+    """`capsnet_metadata.json`'s contents: input format, signatures, classes and provenance."""
     signature_docs, input_format = _describe(info)
     full_metadata = {
         "format": "capsnet_tf SavedModel",
@@ -557,48 +591,48 @@ def export_saved_model(
         ),
         "tensorflow_version": tf.__version__,
         "keras_version": keras.__version__,
-        "source": metadata or {},
+        "source": source or {},
     }
     full_metadata["capsnet_tf_version"] = capsnet_tf.__version__
+    return full_metadata
 
-    os.makedirs(export_dir, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".staging-{version}-", dir=export_dir)
+
+def _save_staged(module, signatures, info, full_metadata, staging, kernels):
+    """Saves `module` with its assets under `staging`, traced with `kernels`; returns the path."""
+    with tempfile.TemporaryDirectory() as sources:
+        files = {
+            LABELS_FILE: "\n".join(info["class_names"]) + "\n",
+            METADATA_FILE: json.dumps(full_metadata, indent=2) + "\n",
+            README_FILE: _readme(full_metadata),
+        }
+        for name, text in files.items():
+            with open(os.path.join(sources, name), "w") as file:
+                file.write(text)
+        module.labels_file = tf.saved_model.Asset(os.path.join(sources, LABELS_FILE))
+        module.metadata_file = tf.saved_model.Asset(os.path.join(sources, METADATA_FILE))
+        module.readme_file = tf.saved_model.Asset(os.path.join(sources, README_FILE))
+        saved = os.path.join(staging, "model")
+        with use_kernels(kernels):  # in case saving traces anything anew
+            tf.saved_model.save(module, saved, signatures=signatures)
+    return saved
+
+
+def _publish(saved, target, staging):
+    """Renames `saved` to `target`, so a server sees the whole version or none of it.
+
+    A version already at `target` is moved into `staging` first (removed
+    with it) and put back if the rename fails.
+    """
     backup = None
+    if os.path.lexists(target):
+        backup = os.path.join(staging, "previous")
+        os.rename(target, backup)
     try:
-        with tempfile.TemporaryDirectory() as sources:
-            files = {
-                LABELS_FILE: "\n".join(info["class_names"]) + "\n",
-                METADATA_FILE: json.dumps(full_metadata, indent=2) + "\n",
-                README_FILE: _readme(full_metadata),
-            }
-            for name, text in files.items():
-                with open(os.path.join(sources, name), "w") as file:
-                    file.write(text)
-            module.labels_file = tf.saved_model.Asset(os.path.join(sources, LABELS_FILE))
-            module.metadata_file = tf.saved_model.Asset(os.path.join(sources, METADATA_FILE))
-            module.readme_file = tf.saved_model.Asset(os.path.join(sources, README_FILE))
-            saved = os.path.join(staging, "model")
-            with use_kernels(kernels):  # in case saving traces anything anew
-                tf.saved_model.save(module, saved, signatures=signatures)
-        if verify:
-            _verify(saved, inference, info)
-        if tflite:
-            convert_to_tflite(saved, os.path.join(saved, TFLITE_FILE))
-        if derived is not None:
-            derived(saved)
-        if os.path.lexists(target):
-            backup = os.path.join(staging, "previous")
-            os.rename(target, backup)
-        try:
-            os.rename(saved, target)
-        except OSError:
-            if backup is not None:
-                os.rename(backup, target)
-                backup = None
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+        os.rename(saved, target)
+    except OSError:
+        if backup is not None:
+            os.rename(backup, target)
+        raise
 
 
 def load_metadata(saved_model_dir):
