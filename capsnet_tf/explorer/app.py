@@ -360,14 +360,18 @@ def create_app(model, test_digits=None, host="127.0.0.1", allowed_hosts=(),
         A `flask.Flask` app; `app.test_client()` drives it without a server.
     """
     flask = require("flask", "explore", "The capsule explorer")
-    from werkzeug.exceptions import HTTPException
-
     app = flask.Flask(__name__, static_folder=STATIC_DIR, static_url_path="/static")
     app.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
     app.json.sort_keys = False
-    host_allowed = host_checker(host, allowed_hosts)
-    turns = _Turns(max_concurrent, busy_wait_s)
-    num_classes, capsule_dim = model.num_classes, model.capsule_dim
+    _add_error_handlers(app, flask)
+    _add_host_check_and_headers(app, flask, host, host_checker(host, allowed_hosts))
+    _add_routes(app, flask, model, test_digits, _Turns(max_concurrent, busy_wait_s))
+    return app
+
+
+def _add_error_handlers(app, flask):
+    """Answers every error as `{"error": message}` with its status, so the page can show it."""
+    from werkzeug.exceptions import HTTPException
 
     def error_reply(message, status, headers=None):
         return flask.jsonify({"error": message}), status, headers or {}
@@ -379,25 +383,32 @@ def create_app(model, test_digits=None, host="127.0.0.1", allowed_hosts=(),
 
     @app.errorhandler(HTTPException)
     def http_error(error):
-        request = flask.request
-        methods = [method for method in getattr(error, "valid_methods", None) or ()
-                   if method not in ("HEAD", "OPTIONS")]
-        messages = {
-            404: f"There is nothing at {request.path}.",
-            405: f"{request.path} does not take {request.method}; it takes "
-                 f"{' or '.join(sorted(methods)) or 'another method'}.",
-            413: f"The request is larger than {MAX_REQUEST_BYTES // 2**20} MiB, the most the "
-                 "explorer reads.",
-        }
         headers = {name: value for name, value in error.get_headers()
                    if name.lower() in ("allow", "retry-after")}
-        return error_reply(messages.get(error.code, f"{error.name}: {error.description}"),
-                           error.code, headers)
+        return error_reply(_http_error_message(error, flask.request), error.code, headers)
 
     @app.errorhandler(Exception)
     def unexpected(error):  # a bug: still JSON, and logged with its traceback
         _LOG.error("unexpected error", exc_info=error)
         return error_reply(f"Internal error ({type(error).__name__}).", 500)
+
+
+def _http_error_message(error, request):
+    """The message of a Werkzeug HTTP error: what was asked, and what the explorer takes."""
+    methods = [method for method in getattr(error, "valid_methods", None) or ()
+               if method not in ("HEAD", "OPTIONS")]
+    messages = {
+        404: f"There is nothing at {request.path}.",
+        405: f"{request.path} does not take {request.method}; it takes "
+             f"{' or '.join(sorted(methods)) or 'another method'}.",
+        413: f"The request is larger than {MAX_REQUEST_BYTES // 2**20} MiB, the most the "
+             "explorer reads.",
+    }
+    return messages.get(error.code, f"{error.name}: {error.description}")
+
+
+def _add_host_check_and_headers(app, flask, host, host_allowed):
+    """Refuses requests naming another host (DNS rebinding); adds the security headers."""
 
     @app.before_request
     def check_host():
@@ -411,12 +422,10 @@ def create_app(model, test_digits=None, host="127.0.0.1", allowed_hosts=(),
         response.headers.update(_SECURITY_HEADERS)
         return response
 
-    def json_object(endpoint):
-        request = flask.request
-        if not request.is_json:
-            raise ApiError(f"Send a JSON object (Content-Type: application/json) with "
-                           f"{_either(_FIELDS[endpoint])}.")
-        return parse_json_object(request.get_data(cache=False), _FIELDS[endpoint])
+
+def _add_routes(app, flask, model, test_digits, turns):
+    """The page and its four JSON endpoints; the model runs in one of `turns`."""
+    num_classes, capsule_dim = model.num_classes, model.capsule_dim
 
     @app.get("/")
     def index():
@@ -424,89 +433,26 @@ def create_app(model, test_digits=None, host="127.0.0.1", allowed_hosts=(),
 
     @app.get("/api/info")
     def info():
-        return flask.jsonify({
-            "source": _display_source(model.source),
-            "class_names": model.class_names,
-            "capsule_dim": capsule_dim,
-            "slider_range": SLIDER_RANGE,
-            "capsule_bound": CAPSULE_BOUND,
-            "routing_iterations": model.routing_iterations,
-            "couplings_note": model.couplings_note,
-            "test_digits": test_digits is not None,
-        })
-
-    def test_digit(index):
-        if test_digits is None:
-            raise ApiError("This explorer has no MNIST test set.", 404)
-        try:
-            return test_digits.get(index)
-        except IndexError as error:
-            raise ApiError(str(error))
-        except LookupError as error:  # MNIST not prepared: the message says where it looked
-            raise ApiError(str(error), 404)
+        return flask.jsonify(_model_info(model, capsule_dim, test_digits))
 
     @app.get("/api/test_digit")
     def get_test_digit():
-        raw = flask.request.args.get("index", "")
-        if raw and not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
-            raise ApiError(f"index must be a whole number of at most 9 digits; received "
-                           f"{raw[:40]!r}.")
-        index, image, label = test_digit(int(raw) if raw else None)
+        requested = _test_digit_index(flask.request.args.get("index", ""))
+        index, image, label = _test_digit(test_digits, requested)
         return flask.jsonify({"index": index, "label": label, "pixels": _pixels(image)})
 
     @app.post("/api/classify")
     def classify():
-        request = json_object("classify")
-        given = [name for name in _FIELDS["classify"] if name in request]
-        if len(given) != 1:
-            raise ApiError("Send exactly one of 'drawing' (a data URL), 'pixels' or "
-                           f"'test_index'; received {len(given)}.")
-        label = index = None
-        if "test_index" in request:
-            index, image, label = test_digit(_integer(request, "test_index"))
-        elif "pixels" in request:
-            image = _numbers(request, "pixels", (28, 28), 0.0, 1.0, "values in [0, 1]")
-        else:
-            if not isinstance(request["drawing"], str):
-                raise ApiError(f"'drawing' must be a data URL (a string); received "
-                               f"{_shown(request['drawing'])}.")
-            with turns.take():
-                try:
-                    image = prepare_digit(image_from_data_url(request["drawing"]))
-                except DrawingError as error:
-                    raise ApiError(str(error))
+        request = _json_object(flask.request, "classify")
+        image, index, label = _classify_input(request, test_digits, turns)
         if not image.any():
             return flask.jsonify({"empty": True, "input": _pixels(image)})
-        with turns.take():
-            result, classify_ms = _run_model(model.classify, image)
-            couplings, couplings_ms = _run_model(model.couplings, image)
-        class_id = result["class_id"]
-        return flask.jsonify({
-            "empty": False,
-            "input": _pixels(image),
-            "test_index": index,
-            "label": label,
-            "lengths": _pixels(result["lengths"], 5),
-            "class_id": class_id,
-            "class_name": model.class_names[class_id],
-            "probability": round(float(result["lengths"][class_id]), 5),
-            "capsules": _pixels(result["capsules"], 6),
-            "reconstruction": _pixels(result["reconstruction"]),
-            "couplings": None if couplings is None else _pixels(couplings, 4),
-            "server_ms": {"classify": round(classify_ms, 2), "couplings": round(couplings_ms, 2)},
-        })
+        return flask.jsonify(_classification(model, image, index, label, turns))
 
     @app.post("/api/decode")
     def decode():
-        request = json_object("decode")
-        missing = [name for name in _FIELDS["decode"] if name not in request]
-        if missing:
-            raise ApiError(f"Send {{'capsule': [{capsule_dim} numbers], 'class_id': int}}; "
-                           f"'{missing[0]}' is missing.")
-        capsule = _numbers(request, "capsule", (capsule_dim,), -CAPSULE_BOUND, CAPSULE_BOUND,
-                           f"finite numbers in [-{CAPSULE_BOUND}, {CAPSULE_BOUND}] (a capsule's "
-                           f"values lie in (-1, 1); a slider adds at most {SLIDER_RANGE})")
-        class_id = _integer(request, "class_id", num_classes)
+        request = _json_object(flask.request, "decode")
+        capsule, class_id = _decode_input(request, capsule_dim, num_classes)
         with turns.take():
             reconstruction, decode_ms = _run_model(model.decode, capsule, class_id)
         return flask.jsonify({
@@ -514,7 +460,110 @@ def create_app(model, test_digits=None, host="127.0.0.1", allowed_hosts=(),
             "server_ms": {"decode": round(decode_ms, 2)},
         })
 
-    return app
+
+def _json_object(request, endpoint):
+    """The checked JSON object of a POST to `endpoint` (`parse_json_object`); 400 if not JSON."""
+    if not request.is_json:
+        raise ApiError(f"Send a JSON object (Content-Type: application/json) with "
+                       f"{_either(_FIELDS[endpoint])}.")
+    return parse_json_object(request.get_data(cache=False), _FIELDS[endpoint])
+
+
+def _model_info(model, capsule_dim, test_digits):
+    """`GET /api/info`'s reply: what the page needs to label and bound its controls."""
+    return {
+        "source": _display_source(model.source),
+        "class_names": model.class_names,
+        "capsule_dim": capsule_dim,
+        "slider_range": SLIDER_RANGE,
+        "capsule_bound": CAPSULE_BOUND,
+        "routing_iterations": model.routing_iterations,
+        "couplings_note": model.couplings_note,
+        "test_digits": test_digits is not None,
+    }
+
+
+def _test_digit_index(raw):
+    """The `index` query parameter as an integer, None when empty; 400 unless 1-9 digits."""
+    if raw and not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+        raise ApiError(f"index must be a whole number of at most 9 digits; received "
+                       f"{raw[:40]!r}.")
+    return int(raw) if raw else None
+
+
+def _test_digit(test_digits, index):
+    """`(index, image, label)` of MNIST test image `index` (None: random); 4xx if there is none."""
+    if test_digits is None:
+        raise ApiError("This explorer has no MNIST test set.", 404)
+    try:
+        return test_digits.get(index)
+    except IndexError as error:
+        raise ApiError(str(error))
+    except LookupError as error:  # MNIST not prepared: the message says where it looked
+        raise ApiError(str(error), 404)
+
+
+def _classify_input(request, test_digits, turns):
+    """`(image, test_index, label)` of a classify request: a test digit, pixels or a drawing."""
+    given = [name for name in _FIELDS["classify"] if name in request]
+    if len(given) != 1:
+        raise ApiError("Send exactly one of 'drawing' (a data URL), 'pixels' or "
+                       f"'test_index'; received {len(given)}.")
+    label = index = None
+    if "test_index" in request:
+        index, image, label = _test_digit(test_digits, _integer(request, "test_index"))
+    elif "pixels" in request:
+        image = _numbers(request, "pixels", (28, 28), 0.0, 1.0, "values in [0, 1]")
+    else:
+        image = _drawn_digit(request["drawing"], turns)
+    return image, index, label
+
+
+def _drawn_digit(drawing, turns):
+    """A canvas's data URL prepared as MNIST was (`prepare_digit`), in one of `turns`."""
+    if not isinstance(drawing, str):
+        raise ApiError(f"'drawing' must be a data URL (a string); received "
+                       f"{_shown(drawing)}.")
+    with turns.take():
+        try:
+            return prepare_digit(image_from_data_url(drawing))
+        except DrawingError as error:
+            raise ApiError(str(error))
+
+
+def _classification(model, image, index, label, turns):
+    """`POST /api/classify`'s reply for a non-empty `image`: the model's answer, timed."""
+    with turns.take():
+        result, classify_ms = _run_model(model.classify, image)
+        couplings, couplings_ms = _run_model(model.couplings, image)
+    class_id = result["class_id"]
+    return {
+        "empty": False,
+        "input": _pixels(image),
+        "test_index": index,
+        "label": label,
+        "lengths": _pixels(result["lengths"], 5),
+        "class_id": class_id,
+        "class_name": model.class_names[class_id],
+        "probability": round(float(result["lengths"][class_id]), 5),
+        "capsules": _pixels(result["capsules"], 6),
+        "reconstruction": _pixels(result["reconstruction"]),
+        "couplings": None if couplings is None else _pixels(couplings, 4),
+        "server_ms": {"classify": round(classify_ms, 2), "couplings": round(couplings_ms, 2)},
+    }
+
+
+def _decode_input(request, capsule_dim, num_classes):
+    """`(capsule, class_id)` of a decode request, each within what the decoder was trained on."""
+    missing = [name for name in _FIELDS["decode"] if name not in request]
+    if missing:
+        raise ApiError(f"Send {{'capsule': [{capsule_dim} numbers], 'class_id': int}}; "
+                       f"'{missing[0]}' is missing.")
+    capsule = _numbers(request, "capsule", (capsule_dim,), -CAPSULE_BOUND, CAPSULE_BOUND,
+                       f"finite numbers in [-{CAPSULE_BOUND}, {CAPSULE_BOUND}] (a capsule's "
+                       f"values lie in (-1, 1); a slider adds at most {SLIDER_RANGE})")
+    class_id = _integer(request, "class_id", num_classes)
+    return capsule, class_id
 
 
 def check_port(host, port):
