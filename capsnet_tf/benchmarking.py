@@ -221,14 +221,16 @@ def conv_ceilings(batch, dtype=tf.float32):
 MATMUL_SIZE = 2048
 
 
-def matmul_ceilings(size=MATMUL_SIZE):
-    """TensorFlow's `size`^3 matmul in float32 and bfloat16: the machine's matmul rate.
+def matmul_ceilings(size=MATMUL_SIZE, precisions=("float32", "bfloat16")):
+    """TensorFlow's `size`^3 matmul in `precisions`: the machine's matmul rate.
 
     Returns:
-        `({"float32": fn, "bfloat16": fn}, flops per call)`.
+        `({"float32": fn, "bfloat16": fn}, flops per call)`, one function
+        per precision asked for.
     """
     functions = {}
-    for name, dtype in (("float32", tf.float32), ("bfloat16", tf.bfloat16)):
+    for name in precisions:
+        dtype = tf.as_dtype(name)
         a = tf.Variable(tf.cast(tf.random.uniform((size, size), seed=4), dtype))
         b = tf.Variable(tf.cast(tf.random.uniform((size, size), seed=5), dtype))
         functions[name] = tf.function(lambda a=a, b=b: tf.matmul(a, b))

@@ -15,7 +15,7 @@ import os
 __all__ = [
     "MATMUL_INSTRUCTION_SETS", "accelerated", "bfloat16_unit", "choose_precision",
     "family_and_model", "has_amx", "instruction_sets", "model_name", "onednn_enabled",
-    "usable_cores",
+    "usable_cores", "vector_unit",
 ]
 
 # The instruction sets that decide matmul and convolution speed, in the
@@ -71,9 +71,61 @@ def instruction_sets():
     return [name for name in MATMUL_INSTRUCTION_SETS if name in flags]
 
 
+# oneDNN's own cap on the instructions it uses (`ONEDNN_MAX_CPU_ISA`, or
+# `DNNL_MAX_CPU_ISA`), as the most capable unit of `vector_unit` it leaves:
+# a value starting with the key (the longest that matches).
+_ISA_CAPS = (
+    ("AVX10_1_512_AMX", "amx"),
+    ("AVX512_CORE_AMX", "amx"),
+    ("AVX10_1_512", "avx512_bf16"),
+    ("AVX512_CORE_FP16", "avx512_bf16"),
+    ("AVX512_CORE_BF16", "avx512_bf16"),
+    ("AVX512_CORE", "avx512"),
+    ("AVX2", "avx2"),
+    ("AVX", "other"),
+    ("SSE41", "other"),
+)
+_UNITS = ("other", "avx2", "avx512", "avx512_bf16", "amx")
+
+
+def _isa_cap():
+    """The unit oneDNN is capped at by its environment variable; None where it is not."""
+    value = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "")
+    value = value.strip().upper()
+    for prefix, unit in _ISA_CAPS:
+        if value.startswith(prefix):
+            return unit
+    return None
+
+
+def vector_unit():
+    """The widest matmul hardware oneDNN may use here.
+
+    `"amx"` (AMX bfloat16 tiles), `"avx512_bf16"` (AVX-512 with bfloat16
+    dot products), `"avx512"`, `"avx2"` (with FMA) or `"other"`: from the
+    CPU's flags, lowered to `ONEDNN_MAX_CPU_ISA` where that variable caps
+    oneDNN (so a process told to run AVX2 kernels is treated as an AVX2 CPU).
+    """
+    flags = _cpu_flags()
+    if "amx_bf16" in flags:
+        unit = "amx"
+    elif "avx512_bf16" in flags:
+        unit = "avx512_bf16"
+    elif "avx512f" in flags:
+        unit = "avx512"
+    elif "avx2" in flags and "fma" in flags:
+        unit = "avx2"
+    else:
+        unit = "other"
+    cap = _isa_cap()
+    if cap is not None and _UNITS.index(cap) < _UNITS.index(unit):
+        return cap
+    return unit
+
+
 def has_amx():
-    """Whether the CPU has AMX bfloat16 tiles (`amx_bf16`), which oneDNN's matmul uses."""
-    return "amx_bf16" in _cpu_flags()
+    """Whether oneDNN may use AMX bfloat16 tiles here (`vector_unit() == "amx"`)."""
+    return vector_unit() == "amx"
 
 
 def bfloat16_unit():
@@ -84,11 +136,8 @@ def bfloat16_unit():
     an AVX2-only AMD EPYC it trained at 0.67x of float32 (docs/performance.md;
     plain AVX-512 without BF16 was not measured).
     """
-    if has_amx():
-        return "amx"
-    if "avx512_bf16" in _cpu_flags():
-        return "avx512_bf16"
-    return None
+    unit = vector_unit()
+    return unit if unit in ("amx", "avx512_bf16") else None
 
 
 def onednn_enabled():

@@ -5,7 +5,8 @@ fastest on some machine:
 
 - PrimaryCaps' convolution (`conv2d`): `keras.ops.conv`, or on CPUs im2col
   and one matmul, whose product and input gradient each take the form the
-  CPU's bfloat16 hardware runs fastest;
+  CPU's bfloat16 hardware runs fastest (float32 inference on AVX2-only CPUs
+  keeps the convolution);
 - routing over a batch (`route_batch`): the whole batch at once, or on CPUs
   slices of it side by side (XLA's CPU code runs the routing on one thread)
   or, in inference, chunks one after another (each chunk's votes stay in
@@ -84,20 +85,22 @@ ANY = "*"
 # kernel set ("straight_line" counts as "portable"); the device
 # (`device_kind`); the input ("valid_static": "valid" padding and a height,
 # width and channel count known when traced); the compute dtype; the CPU's
-# bfloat16 hardware (`cpu.bfloat16_unit()`).
+# matmul hardware (`cpu.vector_unit()`); the call ("training" or
+# "inference").
 CONVOLUTION_RULE = (
-    (("other", ANY, "accelerator", ANY, ANY, ANY), "conv"),
-    (("other", ANY, "cpu", "valid_static", ANY, ANY), "im2col_keras_ops"),
-    (("other", ANY, ANY, ANY, ANY, ANY), "conv"),
-    (("tensorflow", "portable", ANY, ANY, ANY, ANY), "conv"),
-    (("tensorflow", ANY, "accelerator", ANY, ANY, ANY), "conv"),
-    (("tensorflow", ANY, ANY, "other", ANY, ANY), "conv"),
-    (("tensorflow", ANY, "cpu", "valid_static", "bfloat16", "amx"), "im2col_transposed"),
+    (("other", ANY, "accelerator", ANY, ANY, ANY, ANY), "conv"),
+    (("other", ANY, "cpu", "valid_static", ANY, ANY, ANY), "im2col_keras_ops"),
+    (("other", ANY, ANY, ANY, ANY, ANY, ANY), "conv"),
+    (("tensorflow", "portable", ANY, ANY, ANY, ANY, ANY), "conv"),
+    (("tensorflow", ANY, "accelerator", ANY, ANY, ANY, ANY), "conv"),
+    (("tensorflow", ANY, ANY, "other", ANY, ANY, ANY), "conv"),
+    (("tensorflow", ANY, "cpu", "valid_static", "bfloat16", "amx", ANY), "im2col_transposed"),
     (
-        ("tensorflow", ANY, "cpu", "valid_static", "bfloat16", "avx512_bf16"),
+        ("tensorflow", ANY, "cpu", "valid_static", "bfloat16", "avx512_bf16", ANY),
         "im2col_backprop_input",
     ),
-    (("tensorflow", ANY, "cpu", "valid_static", ANY, ANY), "im2col"),
+    (("tensorflow", ANY, "cpu", "valid_static", "float32", "avx2", "inference"), "conv"),
+    (("tensorflow", ANY, "cpu", "valid_static", ANY, ANY, ANY), "im2col"),
 )
 CONVOLUTION_FORMS = {
     "conv": "`keras.ops.conv`; autodiff's gradients (cuDNN's, XLA's, oneDNN's convolutions)",
@@ -218,7 +221,14 @@ def _set_column(kernels):
 
 
 def convolution_form(
-    dtype, padding="valid", static_shape=True, *, kernels=None, device=None, backend=None
+    dtype,
+    padding="valid",
+    static_shape=True,
+    *,
+    training=True,
+    kernels=None,
+    device=None,
+    backend=None,
 ):
     """The form `CONVOLUTION_RULE` gives a convolution (a key of `CONVOLUTION_FORMS`).
 
@@ -227,6 +237,7 @@ def convolution_form(
         padding: `"valid"` or `"same"`.
         static_shape: whether the input's height, width and channels are
             known when traced.
+        training: whether the call trains (its gradients are wanted).
         kernels: a kernel set (default: `kernels_in_use()`).
         device: `"cpu"` or `"accelerator"` (default: `device_kind()`).
         backend: `"tensorflow"` or `"other"` (default: `backend_kind()`).
@@ -237,12 +248,13 @@ def convolution_form(
         device or device_kind,
         "valid_static" if padding == "valid" and static_shape else "other",
         keras.backend.standardize_dtype(dtype),
-        lambda: cpu.bfloat16_unit() or "none",
+        cpu.vector_unit,
+        "training" if training else "inference",
     )
     return _first_match(CONVOLUTION_RULE, key)
 
 
-def conv2d(inputs, kernel, strides, padding):
+def conv2d(inputs, kernel, strides, padding, training=True):
     """`keras.ops.conv(inputs, kernel, strides, padding)` in the form `convolution_form` picks.
 
     Args:
@@ -251,8 +263,13 @@ def conv2d(inputs, kernel, strides, padding):
             compute dtype).
         strides: the stride (int).
         padding: `"valid"` or `"same"`.
+        training: whether the call trains; an inference call may take a form
+            whose gradients are slower (every form's values and gradients
+            are the same).
     """
-    form = convolution_form(inputs.dtype, padding, None not in tuple(inputs.shape[1:]))
+    form = convolution_form(
+        inputs.dtype, padding, None not in tuple(inputs.shape[1:]), training=training
+    )
     if form == "conv":
         return ops.conv(inputs, kernel, strides=strides, padding=padding)
     if form == "im2col_keras_ops":

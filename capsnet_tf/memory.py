@@ -284,7 +284,7 @@ def _activation_values(arguments, image_shape, num_classes, stem, conv, grid, pr
     device = None if im2col is None else "cpu" if im2col else "accelerator"
     primary_im2col = kernels.convolution_form(
         "float32", arguments["padding"], kernels="this_machine", device=device
-    ) != "conv"
+    ) != "conv"  # a training call: the estimate is of training
     # TensorFlow's CPU convolutions unfold their input (im2col) for the
     # kernel's gradient: output positions x kernel area x input channels.
     workspace = 0

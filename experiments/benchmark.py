@@ -120,6 +120,12 @@ def _matmul_of(precision):
     return "matmul_float32" if precision == "float32" else "matmul_bfloat16"
 
 
+def _matmul_ceilings():
+    """The matmul ceilings of float32 and of the benchmarked precisions (`_matmul_of`)."""
+    wanted = {"float32"} | {_matmul_of(p).removeprefix("matmul_") for p in _PRECISIONS.value}
+    return benchmarking.matmul_ceilings(precisions=sorted(wanted))
+
+
 def _build(precision, routing_iterations=None, jit_compile=None):
     """A compiled MNIST CapsNet in `precision`, routing and XLA from the flags by default."""
     return benchmarking.mnist_capsnet(
@@ -140,7 +146,7 @@ def _train_step(model, batch):
 def run_train(results):
     batch = _BATCH_SIZE.value
     ceiling, _ = benchmarking.conv_ceilings(batch)
-    matmuls, matmul_flops = benchmarking.matmul_ceilings()
+    matmuls, matmul_flops = _matmul_ceilings()
     models = {precision: _build(precision) for precision in _PRECISIONS.value}
     data = _batch(batch)
     functions = {"ceiling": ceiling}
@@ -188,7 +194,7 @@ def run_inference(results, models):
 
     batch = _INFERENCE_BATCH.value
     _, forward_ceiling = benchmarking.conv_ceilings(batch)
-    matmuls, matmul_flops = benchmarking.matmul_ceilings()
+    matmuls, matmul_flops = _matmul_ceilings()
     model = models.get("float32") or _build("float32")
     export_root = tempfile.mkdtemp(prefix="capsnet_benchmark_")
     # The default (portable) export, and one with this machine's forms (capsnet_tf.kernels).
@@ -496,6 +502,9 @@ def main(argv):
             "keras": keras.__version__,
             "devices": [d.name for d in tf.config.list_logical_devices()],
             "instruction_sets": cpu.instruction_sets(),
+            # What oneDNN may use: the flags, lowered by ONEDNN_MAX_CPU_ISA where set.
+            "vector_unit": cpu.vector_unit(),
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
         },
         "settings": {
             "sections": [s for s in _SECTIONS if s in sections],

@@ -145,6 +145,36 @@ def test_instruction_sets_are_the_cpus_own_flags():
     assert cpu.family_and_model() == expected
 
 
+@pytest.mark.parametrize(
+    "flags, cap, unit",
+    [
+        ({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"}, None, "amx"),
+        ({"avx2", "fma", "avx512f", "avx512_bf16"}, None, "avx512_bf16"),
+        ({"avx2", "fma", "avx512f"}, None, "avx512"),
+        ({"avx2", "fma"}, None, "avx2"),
+        ({"avx"}, None, "other"),
+        ({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX2", "avx2"),
+        ({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"}, "avx512_core_bf16",
+         "avx512_bf16"),
+        ({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX512_CORE_AMX", "amx"),
+        ({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX512_CORE", "avx512"),
+        ({"avx2", "fma"}, "AVX512_CORE_AMX", "avx2"),  # a cap never raises
+        ({"avx2", "fma", "avx512f"}, "ALL", "avx512"),
+    ],
+)
+def test_vector_unit_is_the_flags_lowered_to_onednns_cap(monkeypatch, flags, cap, unit):
+    """What oneDNN may run: the CPU's flags, capped by ONEDNN_MAX_CPU_ISA where it is set."""
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: frozenset(flags))
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert cpu.vector_unit() == unit
+    assert cpu.bfloat16_unit() == (unit if unit in ("amx", "avx512_bf16") else None)
+    assert cpu.has_amx() == (unit == "amx")
+
+
 def test_importing_capsnet_tf_changes_no_environment_variable():
     """The package leaves os.environ alone; oneDNN is the scripts' business (docs/layers.md)."""
     env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}

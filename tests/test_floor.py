@@ -77,7 +77,7 @@ def test_primary_matmuls_against_a_float64_reference(amx, monkeypatch):
     """Each timed part returns the first element of each of its products."""
     from capsnet_tf import cpu
 
-    monkeypatch.setattr(cpu, "bfloat16_unit", lambda: "amx" if amx else None)
+    monkeypatch.setattr(cpu, "vector_unit", lambda: "amx" if amx else "avx2")
     rng = np.random.default_rng(3)
     batch, channels, filters = 2, 3, 4
     p = rng.standard_normal((batch * 36, 81 * channels))

@@ -84,7 +84,7 @@ def _never(*_):
 )
 def test_other_backends_get_the_keras_ops_convolution(monkeypatch, device, padding, static,
                                                       form):
-    monkeypatch.setattr(cpu, "bfloat16_unit", _never)
+    monkeypatch.setattr(cpu, "vector_unit", _never)
     for kernel_set in kernels.KERNEL_SETS:
         for dtype in ("float32", "bfloat16"):
             assert kernels.convolution_form(

@@ -76,43 +76,51 @@ def test_unknown_im2col_form_is_refused():
 
 
 @pytest.mark.parametrize(
-    "kernel_set, device, padding, static, dtype, unit, form",
+    "kernel_set, device, padding, static, dtype, unit, training, form",
     [
-        ("this_machine", "cpu", "valid", True, "float32", "amx", "im2col"),
-        ("this_machine", "cpu", "valid", True, "float32", "avx512_bf16", "im2col"),
-        ("this_machine", "cpu", "valid", True, "float32", None, "im2col"),
-        ("this_machine", "cpu", "valid", True, "bfloat16", "amx", "im2col_transposed"),
-        ("this_machine", "cpu", "valid", True, "bfloat16", "avx512_bf16",
+        ("this_machine", "cpu", "valid", True, "float32", "amx", True, "im2col"),
+        ("this_machine", "cpu", "valid", True, "float32", "amx", False, "im2col"),
+        ("this_machine", "cpu", "valid", True, "float32", "avx512_bf16", True, "im2col"),
+        ("this_machine", "cpu", "valid", True, "float32", "avx512", False, "im2col"),
+        ("this_machine", "cpu", "valid", True, "float32", "avx2", True, "im2col"),
+        ("this_machine", "cpu", "valid", True, "float32", "avx2", False, "conv"),
+        ("this_machine", "cpu", "valid", True, "float32", "other", False, "im2col"),
+        ("this_machine", "cpu", "valid", True, "bfloat16", "amx", True, "im2col_transposed"),
+        ("this_machine", "cpu", "valid", True, "bfloat16", "amx", False, "im2col_transposed"),
+        ("this_machine", "cpu", "valid", True, "bfloat16", "avx512_bf16", True,
          "im2col_backprop_input"),
-        ("this_machine", "cpu", "valid", True, "bfloat16", None, "im2col"),
-        ("this_machine", "cpu", "same", True, "float32", None, "conv"),
-        ("this_machine", "cpu", "valid", False, "bfloat16", "amx", "conv"),
-        ("this_machine", "accelerator", "valid", True, "bfloat16", "amx", "conv"),
-        ("portable", "cpu", "valid", True, "bfloat16", "amx", "conv"),
-        ("straight_line", "cpu", "valid", True, "float32", None, "conv"),
+        ("this_machine", "cpu", "valid", True, "bfloat16", "avx2", True, "im2col"),
+        ("this_machine", "cpu", "valid", True, "bfloat16", "avx2", False, "im2col"),
+        ("this_machine", "cpu", "same", True, "float32", "avx2", True, "conv"),
+        ("this_machine", "cpu", "valid", False, "bfloat16", "amx", True, "conv"),
+        ("this_machine", "accelerator", "valid", True, "bfloat16", "amx", True, "conv"),
+        ("portable", "cpu", "valid", True, "bfloat16", "amx", True, "conv"),
+        ("straight_line", "cpu", "valid", True, "float32", "avx2", True, "conv"),
     ],
 )
 def test_convolution_form_follows_the_rule(monkeypatch, kernel_set, device, padding, static,
-                                           dtype, unit, form):
-    monkeypatch.setattr(cpu, "bfloat16_unit", lambda: unit)
+                                           dtype, unit, training, form):
+    monkeypatch.setattr(cpu, "vector_unit", lambda: unit)
     monkeypatch.setattr(cpu, "accelerated", lambda: device == "accelerator")
     with kernels.use_kernels(kernel_set):
-        assert kernels.convolution_form(dtype, padding, static) == form
-    assert kernels.convolution_form(dtype, padding, static, kernels=kernel_set) == form
+        assert kernels.convolution_form(dtype, padding, static, training=training) == form
+    assert kernels.convolution_form(
+        dtype, padding, static, training=training, kernels=kernel_set
+    ) == form
 
 
-def primary_graph_ops(kernel_set, padding="valid", dtype=tf.float32):
+def primary_graph_ops(kernel_set, padding="valid", dtype=tf.float32, training=True):
     """The op types a traced PrimaryCapsule call holds under `kernel_set`."""
     layer = PrimaryCapsule(2, 4, kernel_size=3, strides=2, padding=padding)
     layer.build((None, 9, 9, 3))
-    function = tf.function(lambda x: layer(x))
+    function = tf.function(lambda x: layer(x, training=training))
     with kernels.use_kernels(kernel_set):
         graph = function.get_concrete_function(tf.TensorSpec((None, 9, 9, 3), dtype)).graph
     return {op.type for op in graph.get_operations()}
 
 
 def test_layer_traces_the_form_of_the_rule():
-    """On this CPU a valid convolution is a gather and a matmul; portable, a Conv2D."""
+    """On a CPU a valid convolution trains as a gather and a matmul; portable, a Conv2D."""
     assert kernels.device_kind() == "cpu"  # the test machine
     here = primary_graph_ops("this_machine")
     assert "GatherV2" in here and "Conv2D" not in here
@@ -120,10 +128,19 @@ def test_layer_traces_the_form_of_the_rule():
         assert "Conv2D" in ops and "GatherV2" not in ops
 
 
+@pytest.mark.parametrize("unit, inference_op", [("avx2", "Conv2D"), ("amx", "GatherV2")])
+def test_layer_infers_in_the_form_of_the_rule(monkeypatch, unit, inference_op):
+    """The layer's `training` reaches the rule: float32 inference on AVX2 is a Conv2D."""
+    monkeypatch.setattr(cpu, "vector_unit", lambda: unit)
+    assert "GatherV2" in primary_graph_ops("this_machine", training=True)
+    assert inference_op in primary_graph_ops("this_machine", training=False)
+    assert inference_op in primary_graph_ops("this_machine", training=None)
+
+
 @pytest.mark.parametrize("unit, hand_written", [("avx512_bf16", True), ("amx", False)])
 def test_bfloat16_input_gradient_form_is_taken_by_the_layer(monkeypatch, unit, hand_written):
     """The rule's answer reaches the trace: Conv2DBackpropInput only for AVX-512 BF16."""
-    monkeypatch.setattr(cpu, "bfloat16_unit", lambda: unit)
+    monkeypatch.setattr(cpu, "vector_unit", lambda: unit)
     layer = PrimaryCapsule(2, 4, kernel_size=3, strides=2, dtype="bfloat16")
     layer.build((None, 9, 9, 3))
 
@@ -348,5 +365,5 @@ def test_no_layer_asks_what_machine_it_runs_on():
         assert "capsnet_tf.cpu" not in imported, path
         source = path.read_text()
         for needle in ("list_logical_devices", "list_physical_devices", "/proc/cpuinfo",
-                       "bfloat16_unit", "accelerated("):
+                       "bfloat16_unit", "vector_unit", "accelerated("):
             assert needle not in source, (path, needle)

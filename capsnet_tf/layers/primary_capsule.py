@@ -49,6 +49,9 @@ class PrimaryCapsule(keras.layers.Layer):
 
     Call arguments:
         inputs: feature map `[batch, height, width, channels]`.
+        training: python bool or `None` (inference); the convolution may take
+            another form, of the same values, in inference
+            (`capsnet_tf.kernels.CONVOLUTION_RULE`).
 
     Returns:
         Squashed capsules `[batch, types * out_height * out_width, capsule_dim]`.
@@ -126,9 +129,11 @@ class PrimaryCapsule(keras.layers.Layer):
         )
         self.input_spec = keras.layers.InputSpec(ndim=4, axes={-1: channels})
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
         # `ops.conv`, or a faster form of it on this machine (`capsnet_tf.kernels`).
-        outputs = kernels.conv2d(inputs, self.kernel, self.strides, self.padding)
+        outputs = kernels.conv2d(
+            inputs, self.kernel, self.strides, self.padding, training=bool(training)
+        )
         if self.official_scaling:
             outputs = outputs / float(self.num_capsule_types)
         outputs = outputs + self.bias
