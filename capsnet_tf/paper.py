@@ -186,17 +186,39 @@ def training_budget(workdir, data_dir=None):
     return budget
 
 
-def _load(workdir, checkpoint, dataset, protocol, flagfile):
-    """The run's model and config; a run on another data set than `dataset` is refused."""
+def _load(workdir, checkpoint, dataset, protocol, flagfile, precision):
+    """The run's model and config; a run on another data set than `dataset` is refused.
+
+    The model computes in `precision`: `"trained"` (the mixed precision the
+    run trained and chose its stop in) or `"float32"`.
+    """
+    from capsnet_tf.config import PRECISION_POLICIES
     from capsnet_tf.workdir import load_trained_model
 
-    model, config = load_trained_model(workdir, checkpoint=checkpoint)
+    if precision not in ("trained", "float32"):
+        raise ValueError(
+            f'`precision` must be "trained" or "float32". Received: precision={precision!r}'
+        )
+    previous = keras.config.dtype_policy()
+    if precision == "trained":
+        keras.config.set_dtype_policy(PRECISION_POLICIES[_trained_precision(workdir)])
+    try:
+        model, config = load_trained_model(workdir, checkpoint=checkpoint)
+    finally:
+        keras.config.set_dtype_policy(previous)
     if config.dataset != dataset:
         raise ValueError(
             f"{workdir} trained on {config.dataset!r}; the {protocol} protocol needs a run on "
             f"{dataset} (experiments/{flagfile})."
         )
     return model, config
+
+
+def _trained_precision(workdir):
+    """What the run computed in: its resolved `--mixed_precision` ("float32", "bfloat16", ...)."""
+    with open(os.path.join(workdir, "config.json")) as file:
+        saved = json.load(file)
+    return saved.get("mixed_precision_resolved", saved.get("mixed_precision", "float32"))
 
 
 def _describe(model, config, workdir, data_dir):
@@ -208,6 +230,8 @@ def _describe(model, config, workdir, data_dir):
         "dataset": config.dataset,
         # What an `auto` request resolved to on the training machine.
         "mixed_precision": saved.get("mixed_precision_resolved", config.mixed_precision),
+        # The precision the scores below were computed in (`precision`).
+        "scored_in": keras.backend.standardize_dtype(model.compute_dtype),
         "seed": config.seed,
         **training_budget(workdir, data_dir),
     }
@@ -215,7 +239,7 @@ def _describe(model, config, workdir, data_dir):
 
 def evaluate_affnist_protocol(
     workdir, copies=32, batch_size=250, seed=0, checkpoint="latest", data_dir=None,
-    affnist_path=None, progress=True, take=None,
+    affnist_path=None, progress=True, take=None, precision="trained",
 ):
     """Section 5.2's scores of an expanded-MNIST run: expanded MNIST, affNIST, centred.
 
@@ -231,10 +255,13 @@ def evaluate_affnist_protocol(
         affnist_path: the real affNIST test data instead of the generated set.
         progress: show progress bars.
         take: score only the first `take` examples of each set (smoke tests).
+        precision: `"trained"` (default): the model computes in the precision
+            it trained in, in which its stop at the target accuracy was
+            measured; `"float32"`.
 
     Returns:
-        A dict: the run (`model`, `parameters`, the training budget), and
-        `test_accuracy` / `test_examples` (the expanded MNIST test set, each
+        A dict: the run (`model`, `parameters`, the training budget,
+        `scored_in`), and `test_accuracy` / `test_examples` (the expanded MNIST test set, each
         digit at the run's fixed random offset), `affnist_accuracy` /
         `affnist_examples`, `centred_accuracy` / `centred_examples` (the
         untransformed digits centred on the 40x40 canvas), `affnist_source`
@@ -243,7 +270,7 @@ def evaluate_affnist_protocol(
     from capsnet_tf.data.affnist import make_affnist_dataset, make_expanded_mnist_dataset
 
     model, config = _load(
-        workdir, checkpoint, "expanded_mnist", "affNIST", "paper_affnist.flags"
+        workdir, checkpoint, "expanded_mnist", "affNIST", "paper_affnist.flags", precision
     )
     result = _describe(model, config, workdir, data_dir)
     sets = {
@@ -280,7 +307,7 @@ def evaluate_affnist_protocol(
 
 def evaluate_multimnist_protocol(
     workdir, pairs_per_image=10, batch_size=250, checkpoint="latest", data_dir=None,
-    progress=True, take=None,
+    progress=True, take=None, precision="trained",
 ):
     """Section 6's scores of a MultiMNIST run on `10,000 * pairs_per_image` seeded test pairs.
 
@@ -295,7 +322,7 @@ def evaluate_multimnist_protocol(
     from capsnet_tf.data.multimnist import make_multimnist_dataset
 
     model, config = _load(
-        workdir, checkpoint, "multi_mnist", "MultiMNIST", "paper_multi_mnist.flags"
+        workdir, checkpoint, "multi_mnist", "MultiMNIST", "paper_multi_mnist.flags", precision
     )
     result = _describe(model, config, workdir, data_dir)
     dataset, spec = make_multimnist_dataset(

@@ -59,6 +59,11 @@ _TAKE = flags.DEFINE_integer(
     "take", None, "Score only the first N examples of each set (smoke runs; the protocol: all).",
     lower_bound=1,
 )
+_PRECISION = flags.DEFINE_enum(
+    "precision", "trained", ["trained", "float32"],
+    "trained: score in the precision the run trained in, in which its stop was measured; "
+    "float32.",
+)
 _CHECKPOINT = flags.DEFINE_enum(
     "checkpoint", "latest", ["latest", "best"],
     "latest: the model at the run's stop (the protocol's); best: its best epoch.",
@@ -78,12 +83,13 @@ def main(argv):
         result = paper.evaluate_affnist_protocol(
             _WORKDIR.value, copies=_COPIES.value, batch_size=_BATCH_SIZE.value,
             seed=_AFFNIST_SEED.value, checkpoint=_CHECKPOINT.value,
-            affnist_path=_AFFNIST_PATH.value, take=_TAKE.value,
+            affnist_path=_AFFNIST_PATH.value, take=_TAKE.value, precision=_PRECISION.value,
         )
     elif saved["dataset"] == "multi_mnist":
         result = paper.evaluate_multimnist_protocol(
             _WORKDIR.value, pairs_per_image=_PAIRS_PER_IMAGE.value,
             batch_size=_BATCH_SIZE.value, checkpoint=_CHECKPOINT.value, take=_TAKE.value,
+            precision=_PRECISION.value,
         )
     else:
         sys.exit(

@@ -178,6 +178,26 @@ def test_tiny_expanded_mnist_run_stops_at_target_and_is_scored(tfds_data_dir, tm
     assert result["epochs"] == results["time_to_target"]["epoch"]
     assert result["training_images"] == result["epochs"] * 2 * 8
     assert result["parameters"] > 0
+    assert result["scored_in"] == "float32"  # the run trained in float32
+    # A run that trained in mixed bfloat16 is scored in it by default, in float32 on
+    # request, and the global policy is left as it was.
+    import keras
+
+    with open(os.path.join(workdir, "config.json")) as file:
+        saved = json.load(file)
+    saved["mixed_precision_resolved"] = "bfloat16"
+    with open(os.path.join(workdir, "config.json"), "w") as file:
+        json.dump(saved, file)
+    before = keras.config.dtype_policy().name
+    for precision, scored_in in (("trained", "bfloat16"), ("float32", "float32")):
+        result = evaluate_affnist_protocol(
+            workdir, copies=32, take=16, progress=False, precision=precision
+        )
+        assert result["scored_in"] == scored_in
+        assert 0.0 <= result["affnist_accuracy"] <= 1.0
+        assert keras.config.dtype_policy().name == before
+    with pytest.raises(ValueError, match="Received: precision='half'"):
+        evaluate_affnist_protocol(workdir, take=16, progress=False, precision="half")
 
 
 @pytest.mark.large
