@@ -29,6 +29,7 @@ from capsnet_tf.models.baseline import is_cnn
 
 __all__ = [
     "PAPER_NUMBERS",
+    "affnist_breakdown",
     "class_scores",
     "evaluate_affnist_protocol",
     "evaluate_multimnist_protocol",
@@ -186,6 +187,48 @@ def training_budget(workdir, data_dir=None):
     return budget
 
 
+def affnist_breakdown(correct, parameters, trained_shift=6):
+    """Accuracy on the affNIST-style set split by how far each transformation leaves training.
+
+    Expanded MNIST trains on digits shifted by at most `trained_shift`
+    pixels and nothing else, so a score splits along two questions: was the
+    digit moved further than training ever moved one (`max(|translate_y|,
+    |translate_x|) > trained_shift`), and was it rotated by more than 10
+    degrees (half of affNIST's range).
+
+    Args:
+        correct: bool `[N]`, whether example `k` was classified right.
+        parameters: `affnist_parameters`' dict for the same `N` examples.
+        trained_shift: the run's `--shift`.
+
+    Returns:
+        `{group: {"accuracy": float or None, "examples": int}}` for the groups
+        `shift_within_training`, `shift_beyond_training`, `rotation_up_to_10`,
+        `rotation_beyond_10` (accuracy None for an empty group).
+    """
+    correct = np.asarray(correct, bool)
+    shift = np.maximum(np.abs(parameters["translate_y"]), np.abs(parameters["translate_x"]))
+    rotation = np.abs(parameters["rotation"])
+    if not (len(correct) == len(shift) == len(rotation)):
+        raise ValueError(
+            "`correct` and `parameters` must describe the same examples. Received: "
+            f"{len(correct)} scores, {len(shift)} transformations"
+        )
+    groups = {
+        "shift_within_training": shift <= trained_shift,
+        "shift_beyond_training": shift > trained_shift,
+        "rotation_up_to_10": rotation <= 10.0,
+        "rotation_beyond_10": rotation > 10.0,
+    }
+    return {
+        name: {
+            "accuracy": float(correct[mask].mean()) if mask.any() else None,
+            "examples": int(mask.sum()),
+        }
+        for name, mask in groups.items()
+    }
+
+
 def _load(workdir, checkpoint, dataset, protocol, flagfile, precision):
     """The run's model and config; a run on another data set than `dataset` is refused.
 
@@ -264,10 +307,15 @@ def evaluate_affnist_protocol(
         `scored_in`), and `test_accuracy` / `test_examples` (the expanded MNIST test set, each
         digit at the run's fixed random offset), `affnist_accuracy` /
         `affnist_examples`, `centred_accuracy` / `centred_examples` (the
-        untransformed digits centred on the 40x40 canvas), `affnist_source`
-        and the paper's numbers.
+        untransformed digits centred on the 40x40 canvas), `affnist_source`,
+        the paper's numbers and, for the generated set, `affnist_breakdown`
+        (`affnist_breakdown`).
     """
-    from capsnet_tf.data.affnist import make_affnist_dataset, make_expanded_mnist_dataset
+    from capsnet_tf.data.affnist import (
+        affnist_parameters,
+        make_affnist_dataset,
+        make_expanded_mnist_dataset,
+    )
 
     model, config = _load(
         workdir, checkpoint, "expanded_mnist", "affNIST", "paper_affnist.flags", precision
@@ -287,6 +335,7 @@ def evaluate_affnist_protocol(
             copies=1 if affnist_path else copies, take=take,
         ),
     }
+    correct = {}
     for name, (dataset, spec) in sets.items():
         examples = min(take or spec.num_examples, spec.num_examples)
         if progress:
@@ -295,6 +344,13 @@ def evaluate_affnist_protocol(
         scores, labels = class_scores(model, config.model, dataset, examples, progress)
         result[f"{name}_accuracy"] = single_label_accuracy(scores, labels)
         result[f"{name}_examples"] = int(len(labels))
+        correct[name] = np.argmax(scores, axis=-1) == labels
+    if not affnist_path:  # the generated set knows each example's transformation
+        result["affnist_breakdown"] = affnist_breakdown(
+            correct["affnist"],
+            affnist_parameters(seed, copies, data_dir, take),
+            config.shift,
+        )
     result["affnist_source"] = (
         "affNIST test data" if affnist_path
         else f"generated from the MNIST test split, {copies} transformations per digit, "

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from capsnet_tf.config import ExperimentConfig
-from capsnet_tf.data.affnist import affine_transform, make_affnist_dataset
+from capsnet_tf.data.affnist import affine_transform, affnist_parameters, make_affnist_dataset
 from capsnet_tf.data.multimnist import load_mnist_arrays
-from capsnet_tf.paper import multimnist_scores, single_label_accuracy
+from capsnet_tf.paper import affnist_breakdown, multimnist_scores, single_label_accuracy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,6 +74,40 @@ def test_affnist_set_has_32_distinct_in_range_transformations_per_digit(tfds_dat
     other, _ = collect(make_affnist_dataset(50, seed=6, copies=copies, take=64,
                                             reconstruction=False)[0])
     assert not np.allclose(other, images[:64])
+
+
+def test_affnist_parameters_are_the_data_sets_own_transformations(tfds_data_dir):
+    """The record the breakdown reads is the transformation of each example, in order."""
+    copies, count = 32, 70  # crosses from the second digit into the third
+    drawn = affnist_parameters(seed=5, copies=copies, take=count)
+    mnist_images, _ = load_mnist_arrays("test")
+    _, record = affine_transform(
+        np.repeat(mnist_images[:3], copies, axis=0)[:count], seed=5, return_parameters=True
+    )
+    assert sorted(drawn) == sorted(record)
+    for name in record:
+        np.testing.assert_allclose(drawn[name], record[name], atol=1e-6)
+
+
+def test_affnist_breakdown_by_hand():
+    parameters = {
+        "translate_y": np.array([0.0, 7.5, -2.0, 3.0, -6.0]),
+        "translate_x": np.array([6.0, 1.0, -9.0, 0.0, 0.0]),
+        "rotation": np.array([5.0, -15.0, 10.0, -3.0, 19.0]),
+    }
+    correct = np.array([True, False, False, True, True])
+    groups = affnist_breakdown(correct, parameters, trained_shift=6)
+    # Within 6 px: examples 0, 3, 4 (all right); beyond: 1 (7.5) and 2 (9), both wrong.
+    assert groups["shift_within_training"] == {"accuracy": 1.0, "examples": 3}
+    assert groups["shift_beyond_training"] == {"accuracy": 0.0, "examples": 2}
+    # |rotation| <= 10: examples 0, 2, 3 (2 of 3 right); beyond: 1 and 4 (1 of 2).
+    assert groups["rotation_up_to_10"]["examples"] == 3
+    assert groups["rotation_up_to_10"]["accuracy"] == pytest.approx(2 / 3)
+    assert groups["rotation_beyond_10"] == {"accuracy": 0.5, "examples": 2}
+    empty = affnist_breakdown(correct, parameters, trained_shift=100)
+    assert empty["shift_beyond_training"] == {"accuracy": None, "examples": 0}
+    with pytest.raises(ValueError, match="Received: 4 scores, 5 transformations"):
+        affnist_breakdown(correct[:4], parameters)
 
 
 def test_affnist_copies_are_checked():
@@ -179,6 +213,10 @@ def test_tiny_expanded_mnist_run_stops_at_target_and_is_scored(tfds_data_dir, tm
     assert result["training_images"] == result["epochs"] * 2 * 8
     assert result["parameters"] > 0
     assert result["scored_in"] == "float32"  # the run trained in float32
+    breakdown = result["affnist_breakdown"]
+    for pair in (("shift_within_training", "shift_beyond_training"),
+                 ("rotation_up_to_10", "rotation_beyond_10")):
+        assert sum(breakdown[name]["examples"] for name in pair) == 64
     # A run that trained in mixed bfloat16 is scored in it by default, in float32 on
     # request, and the global policy is left as it was.
     import keras

@@ -29,6 +29,7 @@ from capsnet_tf.extras import require
 
 __all__ = [
     "affine_transform",
+    "affnist_parameters",
     "affine_translation_bounds",
     "load_affnist",
     "make_affnist_dataset",
@@ -38,6 +39,8 @@ __all__ = [
 
 _NUM_CLASSES = 10
 _AFFNIST_SIZE = 40
+# affNIST's ranges: rotation within 20 degrees, shear within 0.2, each axis' scale 0.8-1.2.
+_AFFNIST_RANGES = (20.0, 0.2, 0.8, 1.2)
 _AFFNIST_FORMAT = (
     "Expected the official affNIST MATLAB files (a `.mat` file such as `test.mat` or "
     "`test_batches/1.mat`, or a directory of them, holding a struct `affNISTdata` with "
@@ -605,7 +608,7 @@ def make_affnist_dataset(
         def example(index):
             digit = index // copies
             warped, _ = _random_warp(
-                images_t[digit], tf.stack([seed_t, index]), 20.0, 0.2, 0.8, 1.2, _AFFNIST_SIZE
+                images_t[digit], tf.stack([seed_t, index]), *_AFFNIST_RANGES, _AFFNIST_SIZE
             )
             return warped, labels_t[digit]
 
@@ -619,3 +622,30 @@ def make_affnist_dataset(
         num_examples=num_examples,
     )
     return _finish(dataset, batch_size, reconstruction), spec
+
+
+def affnist_parameters(seed=0, copies=32, data_dir=None, take=None):
+    """The transformation of every example of `make_affnist_dataset`'s generated set, in order.
+
+    The same draws as the data set's (`seed`, `copies`, `take` as there), so
+    a score of example `k` can be read against the transformation that made
+    it (e.g. how far it was moved: expanded MNIST trains on shifts of at most
+    6 px).
+
+    Returns:
+        A dict of float32 `[N]` NumPy arrays `rotation`, `shear`, `scale_y`,
+        `scale_x`, `translate_y`, `translate_x` (see `affine_transform`).
+    """
+    images, _ = load_mnist_arrays("test", data_dir)
+    images_t, seed_t = tf.constant(images), tf.constant(seed, tf.int64)
+    count = len(images) * copies if take is None else min(take, len(images) * copies)
+
+    def parameters(index):
+        return _random_warp(
+            images_t[index // copies], tf.stack([seed_t, index]), *_AFFNIST_RANGES, _AFFNIST_SIZE,
+        )[1]
+
+    dataset = tf.data.Dataset.range(count).map(parameters, num_parallel_calls=tf.data.AUTOTUNE)
+    drawn = np.concatenate([batch.numpy() for batch in dataset.batch(10_000)])
+    return {name: drawn[:, i] for i, name in enumerate(_PARAMETER_NAMES)}
+
