@@ -265,14 +265,13 @@ def _trained_precision(workdir):
 
 
 def _describe(model, config, workdir, data_dir):
-    with open(os.path.join(workdir, "config.json")) as file:
-        saved = json.load(file)
+    """The run's facts beside its scores: model, parameters, precisions, budget."""
     return {
         "model": config.model,
         "parameters": int(model.count_params()),
         "dataset": config.dataset,
         # What an `auto` request resolved to on the training machine.
-        "mixed_precision": saved.get("mixed_precision_resolved", config.mixed_precision),
+        "mixed_precision": _trained_precision(workdir),
         # The precision the scores below were computed in (`precision`).
         "scored_in": keras.backend.standardize_dtype(model.compute_dtype),
         "seed": config.seed,

@@ -1,5 +1,6 @@
 """The CapsNet model: parameter count, outputs, training step, saving, precision."""
 
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -119,6 +120,35 @@ def test_loss_is_margin_plus_weighted_reconstruction():
     logs = model.evaluate(inputs, targets, return_dict=True, verbose=0, batch_size=4)
     expected = logs["length_loss"] + 0.0005 * logs["reconstruction_loss"]
     assert logs["loss"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_config_names_every_constructor_argument_and_its_value():
+    # get_config is built from one list of names; a new argument missing from
+    # that list would be dropped from saved models without this check.
+    model = small_model(routing_iterations=2, leaky_routing=True)
+    config = model.get_config()
+    signature = [
+        name for name in inspect.signature(CapsNet.__init__).parameters
+        if name not in ("self", "kwargs")
+    ]
+    assert sorted(config) == sorted(signature + ["name", "trainable"])
+    assert config["routing_iterations"] == 2 and config["leaky_routing"] is True
+
+
+@pytest.mark.parametrize(
+    "arguments, named",
+    [
+        ({"num_classes": True}, "num_classes"),
+        ({"num_classes": 1}, "num_classes"),
+        ({"num_targets": 10}, "num_targets"),
+        ({"num_targets": 0}, "num_targets"),
+        ({"stem_layers": -1}, "stem_layers"),
+        ({"stem_filters": 0}, "stem_filters"),
+    ],
+)
+def test_bad_integer_arguments_are_refused_by_name(arguments, named):
+    with pytest.raises(ValueError, match=f"`{named}` must .* Received: {named}="):
+        CapsNet(**arguments)
 
 
 def test_config_round_trip_and_keras_file(tmp_path):

@@ -13,6 +13,8 @@
 
 import keras
 
+from capsnet_tf.models.arguments import check_image_shape, check_integer
+
 __all__ = ["CNN_MODELS", "BaselineCNN", "build_cnn", "is_cnn"]
 
 # `--model` name -> `BaselineCNN` arguments (beside the image shape and classes).
@@ -121,30 +123,15 @@ class BaselineCNN(keras.Model):
         pool_size=None,
         **kwargs,
     ):
-        image_shape = tuple(int(size) for size in image_shape)
-        if len(image_shape) != 3 or min(image_shape) < 1:
-            raise ValueError(
-                "`image_shape` must be (height, width, channels) of positive "
-                f"sizes. Received: image_shape={image_shape}"
-            )
-        if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
-            raise ValueError(
-                f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}"
-            )
+        image_shape = check_image_shape(image_shape)
+        check_integer("num_classes", num_classes, minimum=2)
         conv_filters = _positive_ints(conv_filters, "conv_filters")
         dense_units = _positive_ints(dense_units, "dense_units")
-        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 1:
-            raise ValueError(
-                f"`kernel_size` must be a positive integer. Received: kernel_size={kernel_size!r}"
-            )
+        check_integer("kernel_size", kernel_size)
         if padding not in ("same", "valid"):
             raise ValueError(f"`padding` must be 'same' or 'valid'. Received: padding={padding!r}")
-        if pool_size is not None and (
-            not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1
-        ):
-            raise ValueError(
-                f"`pool_size` must be a positive integer or None. Received: pool_size={pool_size!r}"
-            )
+        if pool_size is not None:
+            check_integer("pool_size", pool_size)
         if not 0.0 <= dropout_rate < 1.0:
             raise ValueError(
                 f"`dropout_rate` must be in [0, 1). Received: dropout_rate={dropout_rate}"

@@ -10,11 +10,36 @@ from capsnet_tf.layers.capsule_layer import CapsuleLayer
 from capsnet_tf.layers.length import Length
 from capsnet_tf.layers.mask import Mask
 from capsnet_tf.layers.primary_capsule import PrimaryCapsule
+from capsnet_tf.models.arguments import check_image_shape, check_integer
 from capsnet_tf.models.grid import MNIST_PRIMARY_CAPSULES, capsule_counts
 
 __all__ = ["CapsNet", "PRESETS"]
 
 _INITIALIZERS = ("official", "keras")
+# `CapsNet`'s constructor arguments (beside Keras's own), as `get_config` returns them.
+_ARGUMENTS = (
+    "image_shape",
+    "num_classes",
+    "stem_layers",
+    "stem_filters",
+    "conv_filters",
+    "conv_kernel_size",
+    "primary_capsule_types",
+    "primary_capsule_dim",
+    "primary_kernel_size",
+    "primary_strides",
+    "padding",
+    "capsule_dim",
+    "routing_iterations",
+    "leaky_routing",
+    "decoder_units",
+    "reconstruction",
+    "official_primary_scaling",
+    "vote_scaling",
+    "initializer",
+    "num_targets",
+    "routing_jit_compile",
+)
 _VOTE_SCALINGS = ("none", "capsule_count")
 
 # Named configurations, keras-hub style: constructor arguments plus metadata.
@@ -99,34 +124,16 @@ def _check_arguments(
             f"`initializer` must be one of {_INITIALIZERS}. "
             f"Received: initializer={initializer!r}"
         )
-    image_shape = tuple(int(size) for size in image_shape)
-    if len(image_shape) != 3 or min(image_shape) < 1:
+    image_shape = check_image_shape(image_shape)
+    check_integer("num_classes", num_classes, minimum=2)
+    check_integer("num_targets", num_targets)
+    if num_targets >= num_classes:
         raise ValueError(
-            "`image_shape` must be (height, width, channels) of positive "
-            f"sizes. Received: image_shape={image_shape}"
-        )
-    if not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(
-            f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}"
-        )
-    if (
-        not isinstance(num_targets, int)
-        or isinstance(num_targets, bool)
-        or not 1 <= num_targets < num_classes
-    ):
-        raise ValueError(
-            "`num_targets` must be an integer >= 1 and < num_classes. "
+            "`num_targets` must be smaller than `num_classes`. "
             f"Received: num_targets={num_targets!r}, num_classes={num_classes}"
         )
-    if not isinstance(stem_layers, int) or isinstance(stem_layers, bool) or stem_layers < 0:
-        raise ValueError(
-            f"`stem_layers` must be an integer >= 0. Received: stem_layers={stem_layers!r}"
-        )
-    if not isinstance(stem_filters, int) or stem_filters < 1:
-        raise ValueError(
-            "`stem_filters` must be a positive integer. "
-            f"Received: stem_filters={stem_filters!r}"
-        )
+    check_integer("stem_layers", stem_layers, minimum=0)
+    check_integer("stem_filters", stem_filters)
     return image_shape
 
 
@@ -367,29 +374,9 @@ class CapsNet(keras.Model):
         # Held here until `keras.Model.__init__` has run, then set as attributes
         # of the same names (below): under Keras's PyTorch backend a layer is a
         # torch.nn.Module, which takes no submodule before its __init__.
-        parts = _make_layers(
-            image_shape=image_shape,
-            num_classes=num_classes,
-            stem_layers=stem_layers,
-            stem_filters=stem_filters,
-            conv_filters=conv_filters,
-            conv_kernel_size=conv_kernel_size,
-            primary_capsule_types=primary_capsule_types,
-            primary_capsule_dim=primary_capsule_dim,
-            primary_kernel_size=primary_kernel_size,
-            primary_strides=primary_strides,
-            padding=padding,
-            capsule_dim=capsule_dim,
-            routing_iterations=routing_iterations,
-            leaky_routing=leaky_routing,
-            decoder_units=decoder_units,
-            reconstruction=reconstruction,
-            official_primary_scaling=official_primary_scaling,
-            vote_scaling=vote_scaling,
-            initializer=initializer,
-            num_targets=num_targets,
-            routing_jit_compile=routing_jit_compile,
-        )
+        # Every constructor argument by name, as checked: for the layers, then the config.
+        arguments = {name: value for name, value in locals().items() if name in _ARGUMENTS}
+        parts = _make_layers(**arguments)
 
         # === Functional Model ===
         image = keras.Input(shape=image_shape, name="image")
@@ -406,27 +393,8 @@ class CapsNet(keras.Model):
             setattr(self, name, layer)
 
         # === Config ===
-        self.image_shape = image_shape
-        self.num_classes = num_classes
-        self.stem_layers = stem_layers
-        self.stem_filters = stem_filters
-        self.conv_filters = conv_filters
-        self.conv_kernel_size = conv_kernel_size
-        self.primary_capsule_types = primary_capsule_types
-        self.primary_capsule_dim = primary_capsule_dim
-        self.primary_kernel_size = primary_kernel_size
-        self.primary_strides = primary_strides
-        self.padding = padding
-        self.capsule_dim = capsule_dim
-        self.routing_iterations = routing_iterations
-        self.leaky_routing = leaky_routing
-        self.decoder_units = decoder_units
-        self.reconstruction = reconstruction
-        self.official_primary_scaling = official_primary_scaling
-        self.vote_scaling = vote_scaling
-        self.initializer = initializer
-        self.num_targets = num_targets
-        self.routing_jit_compile = routing_jit_compile
+        for name, value in arguments.items():
+            setattr(self, name, value)
 
     def _capsules(self, image):
         return _capsules(self, image)
@@ -467,27 +435,7 @@ class CapsNet(keras.Model):
         return {
             "name": self.name,
             "trainable": self.trainable,
-            "image_shape": self.image_shape,
-            "num_classes": self.num_classes,
-            "stem_layers": self.stem_layers,
-            "stem_filters": self.stem_filters,
-            "conv_filters": self.conv_filters,
-            "conv_kernel_size": self.conv_kernel_size,
-            "primary_capsule_types": self.primary_capsule_types,
-            "primary_capsule_dim": self.primary_capsule_dim,
-            "primary_kernel_size": self.primary_kernel_size,
-            "primary_strides": self.primary_strides,
-            "padding": self.padding,
-            "capsule_dim": self.capsule_dim,
-            "routing_iterations": self.routing_iterations,
-            "leaky_routing": self.leaky_routing,
-            "decoder_units": self.decoder_units,
-            "reconstruction": self.reconstruction,
-            "official_primary_scaling": self.official_primary_scaling,
-            "vote_scaling": self.vote_scaling,
-            "initializer": self.initializer,
-            "num_targets": self.num_targets,
-            "routing_jit_compile": self.routing_jit_compile,
+            **{name: getattr(self, name) for name in _ARGUMENTS},
         }
 
     @classmethod
