@@ -29,7 +29,9 @@ from capsnet_tf.models.baseline import is_cnn
 
 __all__ = [
     "PAPER_NUMBERS",
+    "AFFNIST_CURVE_EDGES",
     "affnist_breakdown",
+    "affnist_by_transformation",
     "class_scores",
     "evaluate_affnist_protocol",
     "evaluate_multimnist_protocol",
@@ -229,6 +231,67 @@ def affnist_breakdown(correct, parameters, trained_shift=6):
     }
 
 
+# Bin edges of `affnist_by_transformation`, per transformation: the digit's
+# shift (max(|translate_y|, |translate_x|), px; training's 6 px is an edge),
+# |rotation| (degrees), |shear| and scale (the mean of the two axes'), over
+# the generator's ranges. Bins are right-closed, the first one closed.
+AFFNIST_CURVE_EDGES = {
+    "shift": (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 20.0),
+    "rotation": (0.0, 5.0, 10.0, 15.0, 20.0),
+    "shear": (0.0, 0.05, 0.1, 0.15, 0.2),
+    "scale": (0.8, 0.9, 1.0, 1.1, 1.2),
+}
+
+
+def affnist_by_transformation(correct, parameters, edges=None):
+    """Accuracy on the affNIST-style set in bins of each transformation's size.
+
+    Where `affnist_breakdown` asks two yes/no questions, these curves show
+    how accuracy falls as each transformation grows, so two models can be
+    compared along each (the paper's claim is that capsules degrade less).
+
+    Args:
+        correct: bool `[N]`, whether example `k` was classified right.
+        parameters: `affnist_parameters`' dict for the same `N` examples.
+        edges: `{name: increasing bin edges}` for names among `shift`,
+            `rotation`, `shear`, `scale` (None: `AFFNIST_CURVE_EDGES`).
+
+    Returns:
+        `{name: {"edges": [...], "accuracy": [float or None per bin],
+        "examples": [int per bin]}}`; a value outside the edges counts in
+        no bin.
+    """
+    correct = np.asarray(correct, bool)
+    sizes = {
+        "shift": np.maximum(np.abs(parameters["translate_y"]), np.abs(parameters["translate_x"])),
+        "rotation": np.abs(parameters["rotation"]),
+        "shear": np.abs(parameters["shear"]),
+        "scale": (np.asarray(parameters["scale_y"]) + np.asarray(parameters["scale_x"])) / 2,
+    }
+    if any(len(size) != len(correct) for size in sizes.values()):
+        raise ValueError(
+            "`correct` and `parameters` must describe the same examples. Received: "
+            f"{len(correct)} scores, {len(sizes['shift'])} transformations"
+        )
+    curves = {}
+    for name, bin_edges in (edges or AFFNIST_CURVE_EDGES).items():
+        bin_edges = np.asarray(bin_edges, np.float64)
+        # Right-closed bins (a, b], the first [a, b]: index 0 .. len(edges) - 2.
+        index = np.searchsorted(bin_edges, sizes[name], side="left") - 1
+        index[sizes[name] == bin_edges[0]] = 0
+        inside = (index >= 0) & (index < len(bin_edges) - 1)
+        examples = np.bincount(index[inside], minlength=len(bin_edges) - 1)
+        right = np.bincount(index[inside], weights=correct[inside], minlength=len(bin_edges) - 1)
+        curves[name] = {
+            "edges": [float(edge) for edge in bin_edges],
+            "accuracy": [
+                float(r / n) if n else None for r, n in zip(right, examples, strict=True)
+            ],
+            "examples": [int(n) for n in examples],
+        }
+    return curves
+
+
 def _load(workdir, checkpoint, dataset, protocol, flagfile, precision):
     """The run's model and config; a run on another data set than `dataset` is refused.
 
@@ -308,7 +371,7 @@ def evaluate_affnist_protocol(
         `affnist_examples`, `centred_accuracy` / `centred_examples` (the
         untransformed digits centred on the 40x40 canvas), `affnist_source`,
         the paper's numbers and, for the generated set, `affnist_breakdown`
-        (`affnist_breakdown`).
+        and `affnist_by_transformation` (see those functions).
     """
     from capsnet_tf.data.affnist import (
         affnist_parameters,
@@ -345,10 +408,12 @@ def evaluate_affnist_protocol(
         result[f"{name}_examples"] = int(len(labels))
         correct[name] = np.argmax(scores, axis=-1) == labels
     if not affnist_path:  # the generated set knows each example's transformation
+        parameters = affnist_parameters(seed, copies, data_dir, take)
         result["affnist_breakdown"] = affnist_breakdown(
-            correct["affnist"],
-            affnist_parameters(seed, copies, data_dir, take),
-            config.shift,
+            correct["affnist"], parameters, config.shift
+        )
+        result["affnist_by_transformation"] = affnist_by_transformation(
+            correct["affnist"], parameters
         )
     result["affnist_source"] = (
         "affNIST test data" if affnist_path

@@ -13,7 +13,12 @@ import pytest
 from capsnet_tf.config import ExperimentConfig
 from capsnet_tf.data.affnist import affine_transform, affnist_parameters, make_affnist_dataset
 from capsnet_tf.data.multimnist import load_mnist_arrays
-from capsnet_tf.paper import affnist_breakdown, multimnist_scores, single_label_accuracy
+from capsnet_tf.paper import (
+    affnist_breakdown,
+    affnist_by_transformation,
+    multimnist_scores,
+    single_label_accuracy,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,6 +113,41 @@ def test_affnist_breakdown_by_hand():
     assert empty["shift_beyond_training"] == {"accuracy": None, "examples": 0}
     with pytest.raises(ValueError, match="Received: 4 scores, 5 transformations"):
         affnist_breakdown(correct[:4], parameters)
+
+
+def test_affnist_by_transformation_by_hand():
+    parameters = {
+        "translate_y": np.array([0.0, 7.5, -2.0, 3.0, -6.0, 25.0]),
+        "translate_x": np.array([6.0, 1.0, -9.0, 0.0, 0.0, 0.0]),
+        "rotation": np.array([5.0, -15.0, 10.0, -3.0, 19.0, 0.0]),
+        "shear": np.array([0.0, -0.2, 0.1, 0.12, 0.05, 0.0]),
+        "scale_y": np.array([0.8, 1.2, 1.0, 0.9, 1.1, 1.0]),
+        "scale_x": np.array([0.8, 1.0, 1.2, 0.9, 0.9, 1.0]),
+    }
+    correct = np.array([True, False, False, True, True, True])
+    curves = affnist_by_transformation(
+        correct, parameters,
+        edges={"shift": (0, 6, 8, 20), "rotation": (0, 10, 20), "shear": (0, 0.1, 0.2),
+               "scale": (0.8, 1.0, 1.2)},
+    )
+    # Shifts 6, 7.5, 9, 3, 6, 25: [0, 6] holds 0, 3, 4 (all right); (6, 8] holds 1
+    # (wrong); (8, 20] holds 2 (wrong); 25 lies outside every bin.
+    assert curves["shift"] == {
+        "edges": [0.0, 6.0, 8.0, 20.0], "accuracy": [1.0, 0.0, 0.0], "examples": [3, 1, 1],
+    }
+    # |rotation| 5, 15, 10, 3, 19, 0: [0, 10] holds 0, 2, 3, 5 (3 of 4 right); (10, 20] 1, 4.
+    assert curves["rotation"]["examples"] == [4, 2]
+    assert curves["rotation"]["accuracy"] == [0.75, 0.5]
+    # |shear| 0, 0.2, 0.1, 0.12, 0.05, 0: [0, 0.1] holds 0, 2, 4, 5; (0.1, 0.2] holds 1, 3.
+    assert curves["shear"]["examples"] == [4, 2]
+    assert curves["shear"]["accuracy"] == [0.75, 0.5]
+    # Mean scales 0.8, 1.1, 1.1, 0.9, 1.0, 1.0: [0.8, 1.0] holds 0, 3, 4, 5; (1.0, 1.2] 1, 2.
+    assert curves["scale"]["examples"] == [4, 2]
+    assert curves["scale"]["accuracy"] == [1.0, 0.0]
+    empty = affnist_by_transformation(correct, parameters, edges={"shift": (30, 40)})
+    assert empty["shift"] == {"edges": [30.0, 40.0], "accuracy": [None], "examples": [0]}
+    with pytest.raises(ValueError, match="Received: 5 scores, 6 transformations"):
+        affnist_by_transformation(correct[:5], parameters)
 
 
 def test_affnist_copies_are_checked():
@@ -217,6 +257,9 @@ def test_tiny_expanded_mnist_run_stops_at_target_and_is_scored(tfds_data_dir, tm
     for pair in (("shift_within_training", "shift_beyond_training"),
                  ("rotation_up_to_10", "rotation_beyond_10")):
         assert sum(breakdown[name]["examples"] for name in pair) == 64
+    # Every generated image falls in one bin of each curve (the edges span the ranges).
+    for curve in result["affnist_by_transformation"].values():
+        assert sum(curve["examples"]) == 64
     # A run that trained in mixed bfloat16 is scored in it by default, in float32 on
     # request, and the global policy is left as it was.
     import keras
