@@ -37,22 +37,16 @@ _TITLE = flags.DEFINE_string("title", None, "The figure's title (default: a gene
 flags.mark_flag_as_required("run")
 
 
-def parse_run(text):
-    """`(label, path)` of one `--run=LABEL=PATH`; raises `app.UsageError` when malformed."""
-    label, separator, path = text.rpartition("=")
-    if not separator or not label or not path:
-        raise app.UsageError(f"--run takes LABEL=PATH. Received: --run={text!r}")
-    if not os.path.isfile(path):
-        raise app.UsageError(f"--run={text!r}: {path!r} is not a file.")
-    return label, path
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    from capsnet_tf.figures import plot_error_against_time, read_training_log
+    from capsnet_tf.figures import labelled_path, plot_error_against_time, read_training_log
 
-    curves = [(label, read_training_log(path)) for label, path in map(parse_run, _RUNS.value)]
+    try:
+        runs = [labelled_path(text, "run") for text in _RUNS.value]
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    curves = [(label, read_training_log(path)) for label, path in runs]
     try:
         path = plot_error_against_time(curves, _OUTPUT.value, title=_TITLE.value,
                                        x_axis=_X_AXIS.value)

@@ -301,3 +301,54 @@ def test_paper_eval_script_on_a_tiny_multimnist_run(tfds_data_dir, tmp_path):
     assert 0.0 <= result["test_pair_accuracy"] <= result["test_any_accuracy"] <= 1.0
     assert result["paper"]["capsnet_error"] == 0.052
     assert sorted(os.listdir(out)) == ["config.json", "results.json", "training_log.csv"]
+
+
+# ------------------------------------------------------------------ the figure
+
+
+def _curves_result(scale):
+    """A hand-made paper_eval result whose accuracies are `scale` times a fixed curve."""
+    from capsnet_tf.paper import AFFNIST_CURVE_EDGES
+
+    curves = {}
+    for name, edges in AFFNIST_CURVE_EDGES.items():
+        bins = len(edges) - 1
+        curves[name] = {
+            "edges": list(edges),
+            "accuracy": [scale * (1 - 0.05 * k) for k in range(bins - 1)] + [None],
+            "examples": [100] * (bins - 1) + [0],
+        }
+    return {"affnist_accuracy": 0.9 * scale, "affnist_examples": 320_000,
+            "cpu": "Test CPU", "affnist_by_transformation": curves}
+
+
+def test_affnist_figure_script_draws_each_model_and_names_a_result_without_curves(tmp_path):
+    from matplotlib import image as mpimg
+
+    from capsnet_tf.figures import FIGURE_SIZES
+
+    paths = []
+    for name, scale in (("capsnet", 1.0), ("cnn", 0.9)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(_curves_result(scale)))
+    output = tmp_path / "figure.png"
+    script = os.path.join(REPO, "experiments", "plot_affnist.py")
+    done = subprocess.run(
+        [sys.executable, script, f"--result=CapsNet={paths[0]}", f"--result=CNN={paths[1]}",
+         f"--output={output}"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    picture = mpimg.imread(output)
+    width, height = FIGURE_SIZES["affnist_by_transformation"]
+    assert picture.shape[:2] == (round(height * 100), round(width * 100))
+    assert picture[..., :3].std() > 0.05  # something was drawn
+    paths[1].write_text(json.dumps({"affnist_accuracy": 0.7, "cpu": "Test CPU"}))
+    done = subprocess.run(
+        [sys.executable, script, f"--result=CapsNet={paths[0]}", f"--result=real={paths[1]}",
+         f"--output={tmp_path / 'bad.png'}"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert done.returncode != 0
+    assert "'real' has no `affnist_by_transformation`" in done.stderr
+    assert not (tmp_path / "bad.png").exists()

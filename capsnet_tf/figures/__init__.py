@@ -9,11 +9,11 @@ Free of flags, so that a notebook can call them too:
   and `two_colour` from `capsnet_tf.mosaics`); this package exports
   `routing_couplings` from `capsnet_tf.routing` beside the figures;
 - `history`: a run's CSV log and learning rates (`read_training_log`,
-  `learning_rates`);
+  `learning_rates`), and figure scripts' `LABEL=PATH` arguments (`labelled_path`);
 - `plots`: functions writing one PNG each with matplotlib
   (`plot_reconstructions`, `plot_perturbations`, `plot_multimnist_separations`,
   `plot_training_curves`, `plot_confusion_matrix`, `plot_routing`,
-  `plot_error_against_time`);
+  `plot_error_against_time`, `plot_affnist_by_transformation`);
 - `report`: `write_figures`, which makes all of them for a work directory of
   `capsnet_tf.training.train_and_evaluate` (what `experiments/visualize.py`
   calls);
@@ -29,8 +29,9 @@ Reference:
 
 from capsnet_tf.data.samples import load_test_images
 from capsnet_tf.figures.arrays import confusion_matrix, perturbation_grid, predict
-from capsnet_tf.figures.history import learning_rates, read_training_log
+from capsnet_tf.figures.history import labelled_path, learning_rates, read_training_log
 from capsnet_tf.figures.plots import (
+    plot_affnist_by_transformation,
     plot_confusion_matrix,
     plot_error_against_time,
     plot_multimnist_separations,
@@ -57,9 +58,11 @@ __all__ = [
     "PERTURBATION_VALUES",
     "RECONSTRUCTION_POOL",
     "confusion_matrix",
+    "labelled_path",
     "learning_rates",
     "load_test_images",
     "perturbation_grid",
+    "plot_affnist_by_transformation",
     "plot_confusion_matrix",
     "plot_error_against_time",
     "plot_multimnist_separations",

@@ -2,15 +2,32 @@
 
 import csv
 import math
+import os
 
 import numpy as np
 
 from capsnet_tf.schedules import make_schedule
 
 __all__ = [
+    "labelled_path",
     "learning_rates",
     "read_training_log",
 ]
+
+
+def labelled_path(text, flag):
+    """`(label, path)` of a figure script's `--FLAG=LABEL=PATH` (the label may hold `=`).
+
+    Raises:
+        ValueError: not `LABEL=PATH`, or the path is not a file; the message
+            names the flag and what it received.
+    """
+    label, separator, path = text.rpartition("=")
+    if not separator or not label or not path:
+        raise ValueError(f"--{flag} takes LABEL=PATH. Received: --{flag}={text!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"--{flag}={text!r}: {path!r} is not a file.")
+    return label, path
 
 
 def read_training_log(path):

@@ -1,6 +1,7 @@
 """One PNG per function: reconstructions (the paper's Figure 3), perturbations
 (Figure 4), MultiMNIST separations (Figure 5), training curves, the confusion
-matrix, routing couplings and test error against wall-clock time.
+matrix, routing couplings, test error against wall-clock time and the
+affNIST-style accuracy against the size of each transformation.
 """
 
 import math
@@ -24,6 +25,7 @@ from capsnet_tf.mosaics import grid_mosaic, two_colour
 __all__ = [
     "REFERENCE_ERRORS",
     "error_curve",
+    "plot_affnist_by_transformation",
     "plot_error_against_time",
     "test_accuracy_column",
     "plot_confusion_matrix",
@@ -585,4 +587,65 @@ def plot_error_against_time(curves, path, references=None, dpi=DPI, title=None,
     default = ("Test error against wall-clock time" if x_axis == "hours"
                else "Test error after each epoch")
     axis.set_title(title or f"{default} (whole 10,000-image test set)")
+    return _save(figure, path, dpi)
+
+
+# Panels of `plot_affnist_by_transformation`: (curve name, x-axis label).
+_AFFNIST_PANELS = (
+    ("shift", "shift of the digit, max(|dy|, |dx|) (px)"),
+    ("rotation", "|rotation| (degrees)"),
+    ("shear", "|shear|"),
+    ("scale", "scale (mean of the two axes)"),
+)
+
+
+def plot_affnist_by_transformation(results, path, trained_shift=6, dpi=DPI, title=None):
+    """affNIST-style accuracy against the size of each transformation, one line per model.
+
+    Args:
+        results: `[(label, results), ...]`, each `results` a dict that
+            `capsnet_tf.paper.evaluate_affnist_protocol` returned (or its
+            `results.json`), with `affnist_by_transformation`.
+        path: PNG file to write.
+        trained_shift: the training shift (px), shaded beyond it on the shift
+            panel: what expanded MNIST never showed a model.
+        dpi: resolution; the PNG is `FIGURE_SIZES["affnist_by_transformation"] * dpi`.
+        title: the figure's title (None: a default).
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: a result without `affnist_by_transformation`.
+    """
+    for label, result in results:
+        if "affnist_by_transformation" not in result:
+            raise ValueError(
+                f"{label!r} has no `affnist_by_transformation` (scored on the real affNIST, "
+                "or by an older paper_eval.py). Received keys: "
+                f"{sorted(result)}"
+            )
+    figure = _figure("affnist_by_transformation")
+    axes = figure.subplots(1, len(_AFFNIST_PANELS), sharey=True)
+    figure.subplots_adjust(left=0.06, right=0.99, top=0.84, bottom=0.2, wspace=0.08)
+    for axis, (name, xlabel) in zip(axes, _AFFNIST_PANELS, strict=True):
+        for label, result in results:
+            curve = result["affnist_by_transformation"][name]
+            edges = np.asarray(curve["edges"])
+            centres = (edges[:-1] + edges[1:]) / 2
+            accuracy = np.array([np.nan if a is None else 100 * a for a in curve["accuracy"]])
+            axis.plot(centres, accuracy, marker="o", markersize=4,
+                      label=f"{label} ({100 * result['affnist_accuracy']:.2f}% overall)")
+        if name == "shift":
+            axis.axvspan(trained_shift, edges[-1], color="0.9", zorder=0,
+                         label=f"beyond training's {trained_shift} px")
+        axis.set_xlabel(xlabel, fontsize=9)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("affNIST-style accuracy (%)")
+    axes[0].legend(fontsize=8, loc="lower left")
+    examples = results[0][1].get("affnist_examples")
+    default = "affNIST-style accuracy against each transformation's size"
+    if examples:
+        default += f" ({examples:,} images)"
+    figure.suptitle(title or default, fontsize=11)
     return _save(figure, path, dpi)

@@ -34,6 +34,7 @@ FIGURE_SIZES = {
     "routing": (15.0, 3.6),
     "multimnist": (12.0, 6.0),
     "error_against_time": (9.0, 5.5),
+    "affnist_by_transformation": (15.0, 4.5),
 }
 
 
