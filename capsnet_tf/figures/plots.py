@@ -627,7 +627,7 @@ def plot_affnist_by_transformation(results, path, trained_shift=6, dpi=DPI, titl
             )
     figure = _figure("affnist_by_transformation")
     axes = figure.subplots(1, len(_AFFNIST_PANELS), sharey=True)
-    figure.subplots_adjust(left=0.06, right=0.99, top=0.84, bottom=0.2, wspace=0.08)
+    figure.subplots_adjust(left=0.06, right=0.99, top=0.86, bottom=0.3, wspace=0.08)
     for axis, (name, xlabel) in zip(axes, _AFFNIST_PANELS, strict=True):
         for label, result in results:
             curve = result["affnist_by_transformation"][name]
@@ -642,7 +642,8 @@ def plot_affnist_by_transformation(results, path, trained_shift=6, dpi=DPI, titl
         axis.set_xlabel(xlabel, fontsize=9)
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("affNIST-style accuracy (%)")
-    axes[0].legend(fontsize=8, loc="lower left")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
     examples = results[0][1].get("affnist_examples")
     default = "affNIST-style accuracy against each transformation's size"
     if examples:
