@@ -308,6 +308,8 @@ def _training_stream(config, train_data, resume_step):
     unshifted = None
     if config.unshifted_final_epochs and config.shift:
         unshifted, _ = _load_split(dataclasses.replace(config, shift=0), "train")
+        if is_cnn(config.model):  # the same targets as the shifted epochs'
+            unshifted = _baseline_targets(unshifted)
         unshifted = shard_by_data(unshifted)
     return resumable_training_data(
         train_data,

@@ -186,3 +186,19 @@ def test_invalid_arguments():
         BaselineCNN(kernel_size=0)
     with pytest.raises(ValueError, match="dropout_rate"):
         BaselineCNN(dropout_rate=1.0)
+
+
+@pytest.mark.parametrize("model", ["baseline", "pooled_cnn"])
+def test_cnn_trains_through_the_unshifted_final_epochs(tfds_data_dir, tmp_path, model):
+    # mnist_fast.flags' recipe (its last epochs unshifted) with --model=baseline: the
+    # unshifted epochs must carry the CNN's `logits` target, as the shifted ones do.
+    from capsnet_tf.config import ExperimentConfig
+    from capsnet_tf.training import train_and_evaluate
+
+    config = ExperimentConfig(
+        model=model, epochs=2, unshifted_final_epochs=1, shift=2, steps_per_epoch=2,
+        batch_size=8, train_examples=16, eval_examples=16, verbose=0,
+    )
+    results = train_and_evaluate(config, str(tmp_path / model))
+    assert results["epochs_run_this_call"] == 2
+    assert 0.0 <= results["test_accuracy"] <= 1.0
