@@ -189,6 +189,26 @@ def training_budget(workdir, data_dir=None):
     return budget
 
 
+# How large each transformation of an affNIST-style image is, from its parameters.
+_TRANSFORMATION_SIZES = {
+    "shift": lambda p: np.maximum(np.abs(p["translate_y"]), np.abs(p["translate_x"])),
+    "rotation": lambda p: np.abs(p["rotation"]),
+    "shear": lambda p: np.abs(p["shear"]),
+    "scale": lambda p: (np.asarray(p["scale_y"]) + np.asarray(p["scale_x"])) / 2,
+}
+
+
+def _transformation_sizes(correct, parameters, names):
+    """`{name: [N] sizes}` for `names` of `_TRANSFORMATION_SIZES`, checked against `correct`."""
+    sizes = {name: np.asarray(_TRANSFORMATION_SIZES[name](parameters)) for name in names}
+    if any(len(size) != len(correct) for size in sizes.values()):
+        raise ValueError(
+            "`correct` and `parameters` must describe the same examples. Received: "
+            f"{len(correct)} scores, {len(next(iter(sizes.values())))} transformations"
+        )
+    return sizes
+
+
 def affnist_breakdown(correct, parameters, trained_shift=6):
     """Accuracy on the affNIST-style set split by how far each transformation leaves training.
 
@@ -209,18 +229,12 @@ def affnist_breakdown(correct, parameters, trained_shift=6):
         `rotation_beyond_10` (accuracy None for an empty group).
     """
     correct = np.asarray(correct, bool)
-    shift = np.maximum(np.abs(parameters["translate_y"]), np.abs(parameters["translate_x"]))
-    rotation = np.abs(parameters["rotation"])
-    if not (len(correct) == len(shift) == len(rotation)):
-        raise ValueError(
-            "`correct` and `parameters` must describe the same examples. Received: "
-            f"{len(correct)} scores, {len(shift)} transformations"
-        )
+    sizes = _transformation_sizes(correct, parameters, ("shift", "rotation"))
     groups = {
-        "shift_within_training": shift <= trained_shift,
-        "shift_beyond_training": shift > trained_shift,
-        "rotation_up_to_10": rotation <= 10.0,
-        "rotation_beyond_10": rotation > 10.0,
+        "shift_within_training": sizes["shift"] <= trained_shift,
+        "shift_beyond_training": sizes["shift"] > trained_shift,
+        "rotation_up_to_10": sizes["rotation"] <= 10.0,
+        "rotation_beyond_10": sizes["rotation"] > 10.0,
     }
     return {
         name: {
@@ -262,19 +276,10 @@ def affnist_by_transformation(correct, parameters, edges=None):
         no bin.
     """
     correct = np.asarray(correct, bool)
-    sizes = {
-        "shift": np.maximum(np.abs(parameters["translate_y"]), np.abs(parameters["translate_x"])),
-        "rotation": np.abs(parameters["rotation"]),
-        "shear": np.abs(parameters["shear"]),
-        "scale": (np.asarray(parameters["scale_y"]) + np.asarray(parameters["scale_x"])) / 2,
-    }
-    if any(len(size) != len(correct) for size in sizes.values()):
-        raise ValueError(
-            "`correct` and `parameters` must describe the same examples. Received: "
-            f"{len(correct)} scores, {len(sizes['shift'])} transformations"
-        )
+    edges = edges or AFFNIST_CURVE_EDGES
+    sizes = _transformation_sizes(correct, parameters, tuple(edges))
     curves = {}
-    for name, bin_edges in (edges or AFFNIST_CURVE_EDGES).items():
+    for name, bin_edges in edges.items():
         bin_edges = np.asarray(bin_edges, np.float64)
         # Right-closed bins (a, b], the first [a, b]: index 0 .. len(edges) - 2.
         index = np.searchsorted(bin_edges, sizes[name], side="left") - 1

@@ -44,13 +44,8 @@ def main(argv):
     for label, path in paths:
         with open(path) as file:
             results.append((label, json.load(file)))
-    first = results[0][1]
-    title = (
-        f"affNIST-style accuracy against each transformation's size "
-        f"({first.get('affnist_examples', 0):,} images; {first.get('cpu', 'CPU not recorded')})"
-    )
     try:
-        path = plot_affnist_by_transformation(results, _OUTPUT.value, title=title)
+        path = plot_affnist_by_transformation(results, _OUTPUT.value)
     except ValueError as error:
         sys.exit(f"error: {error}")
     print(path)

@@ -610,7 +610,8 @@ def plot_affnist_by_transformation(results, path, trained_shift=6, dpi=DPI, titl
         trained_shift: the training shift (px), shaded beyond it on the shift
             panel: what expanded MNIST never showed a model.
         dpi: resolution; the PNG is `FIGURE_SIZES["affnist_by_transformation"] * dpi`.
-        title: the figure's title (None: a default).
+        title: the figure's title (None: one naming the number of images and
+            the CPU of the first result).
 
     Returns:
         `path`.
@@ -644,9 +645,10 @@ def plot_affnist_by_transformation(results, path, trained_shift=6, dpi=DPI, titl
     axes[0].set_ylabel("affNIST-style accuracy (%)")
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
-    examples = results[0][1].get("affnist_examples")
-    default = "affNIST-style accuracy against each transformation's size"
-    if examples:
-        default += f" ({examples:,} images)"
+    first = results[0][1]
+    default = (
+        "affNIST-style accuracy against each transformation's size "
+        f"({first.get('affnist_examples', 0):,} images; {first.get('cpu', 'CPU not recorded')})"
+    )
     figure.suptitle(title or default, fontsize=11)
     return _save(figure, path, dpi)
